@@ -1,0 +1,246 @@
+"""Run configuration: typed dataclasses composed by Hydra from the YAML packaged in `maskbench/conf`.
+
+Hydra's compose API (not `@hydra.main`) is used so the CLI keeps its own subcommands and so every bad
+input becomes one clear line and exit code 2 *before* any work starts (`ConfigError`).
+Model presets are the one-line functions in `maskbench.models.dit`, registered as the `model` group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from maskbench.models.dit import PRESETS, ModelConfig
+
+CONF_DIR = Path(__file__).parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A bad user input; the CLI prints it as one line and exits with code 2."""
+
+
+@dataclass
+class Phase:
+    mask_ratio: float = 0.0  # fraction of patch tokens dropped per sample
+    fraction: float = 1.0    # fraction of the FLOPs budget this phase spends
+
+
+@dataclass
+class ArmConfig:
+    name: str = "mask0"
+    description: str = ""
+    phases: list[Phase] = field(default_factory=lambda: [Phase()])
+
+
+@dataclass
+class DataConfig:
+    name: str = "synth"
+    path: Optional[str] = None     # directory holding train/ and val/ shard dirs; None = generated under paths.data
+    image_size: int = 32           # pixels (synth) or latent size (latent shards; read from the manifest)
+    channels: int = 3
+    min_objects: int = 1           # synth only
+    max_objects: int = 3           # synth only
+    n_train: int = 50_000          # synth only
+    n_val: int = 2_000             # synth only
+    seed: int = 0                  # synth generation seed (not the run seed)
+    num_workers: int = 0
+    shuffle_buffer: int = 1_000
+    max_bad_fraction: float = 0.05
+
+
+@dataclass
+class EvalConfig:
+    points: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    n_samples: int = 256           # generated images per eval point (the first N held-out prompts)
+    sampler_steps: int = 20        # Euler steps of the rectified-flow ODE
+    cfg_scale: float = 2.5
+    noise_seed: int = 1234         # fixed noise per prompt index, shared by every arm and seed
+    batch_size: int = 128
+    val_samples: int = 512         # held-out samples for the validation loss
+    val_t: list[float] = field(default_factory=lambda: [(i + 0.5) / 8 for i in range(8)])
+    grid_size: int = 64            # images in the sample grid PNG
+    inception_weights: Optional[str] = None  # local inception-2015-12-05.pt (real data FID)
+    clip_model: Optional[str] = None         # e.g. ViT-H-14; None = no CLIP score
+    clip_pretrained: Optional[str] = None    # open_clip tag or a local weights file
+
+
+@dataclass
+class BudgetConfig:
+    flops: float = 1.5e13          # training FLOPs (fwd+bwd, analytic) every arm gets
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64           # global batch (all processes)
+    lr: float = 1e-3
+    schedule: str = "constant"     # constant | cosine (both after linear warm-up)
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    ema_decay: float = 0.999       # with warm-up min(decay, (1+n)/(10+n)): short runs do not lag
+    caption_dropout: float = 0.1   # enables classifier-free guidance
+    mixed_precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | no | bf16 | fp16
+    compile: bool = False
+    checkpoint_minutes: float = 10.0
+    keep_checkpoints: int = 2      # periodic checkpoints kept; eval-point checkpoints are always kept
+    max_bad_steps: int = 5         # consecutive non-finite losses before stopping
+    stop_at_step: Optional[int] = None  # save and stop there, as a preemption would (resume later)
+
+
+@dataclass
+class PathsConfig:
+    runs: str = "runs"
+    data: str = "data"
+    leaderboard: str = "results/leaderboard.csv"
+
+
+@dataclass
+class RunConfig:
+    arm: ArmConfig = field(default_factory=ArmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    seed: int = 0
+
+
+# Fields that cannot change what a run learns or measures; everything else names the run.
+_NOT_RESULT_FIELDS = {
+    "paths", "data.path", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
+    "train.keep_checkpoints", "train.stop_at_step", "eval.batch_size", "arm.description",
+    "eval.inception_weights", "eval.clip_pretrained",
+}
+
+
+def _register_schema() -> None:
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for name, preset in PRESETS.items():
+        store.store(group="model", name=name, node=preset())
+
+
+def known_arms() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "arm").glob("*.yaml"))
+
+
+def _split_arm_file(overrides: list[str]) -> tuple[list[str], Optional[Path]]:
+    """`arm=path/to/arm.yaml` names a user's arm file; Hydra only knows packaged group options."""
+    rest, arm_file = [], None
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key == "arm" and (value.endswith((".yaml", ".yml")) or "/" in value):
+            arm_file = Path(value)
+            if not arm_file.is_file():
+                raise ConfigError(f"arm file not found: {arm_file}")
+        else:
+            rest.append(item)
+    return rest, arm_file
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"expected key=value, got {item!r}")
+        if key == "arm" and value not in known_arms():
+            raise ConfigError(f"unknown arm {value!r}; known arms: {', '.join(known_arms())} "
+                              "(or pass arm=path/to/arm.yaml)")
+        if key == "model" and value not in PRESETS:
+            raise ConfigError(f"unknown model {value!r}; known models: {', '.join(PRESETS)}")
+
+
+def load_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Compose the packaged defaults with `key=value` overrides, validate, and return a RunConfig."""
+    overrides, arm_file = _split_arm_file(list(overrides))
+    _check_overrides(overrides)
+    _register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="maskbench.conf", version_base=None):
+            composed = compose(config_name="config", overrides=overrides)
+        if arm_file is not None:
+            user_arm = OmegaConf.merge(OmegaConf.structured(ArmConfig), OmegaConf.load(arm_file))
+            if "name" not in OmegaConf.load(arm_file):
+                user_arm.name = arm_file.stem
+            composed.arm = user_arm
+        cfg: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), composed))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(_one_line(err)) from None
+    validate(cfg)
+    return cfg
+
+
+def _one_line(err: Exception) -> str:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    return first.replace("Could not override", "unknown or invalid key:").strip()
+
+
+def validate(cfg: RunConfig) -> None:
+    """Semantic checks that types alone cannot express. Raises ConfigError with one line."""
+    phases = cfg.arm.phases
+    if not phases:
+        raise ConfigError(f"arm {cfg.arm.name!r} has no phases")
+    for phase in phases:
+        if not 0.0 <= phase.mask_ratio < 1.0:
+            raise ConfigError(f"arm {cfg.arm.name!r}: mask ratio {phase.mask_ratio} is outside [0, 1)")
+        if not 0.0 < phase.fraction <= 1.0:
+            raise ConfigError(f"arm {cfg.arm.name!r}: phase fraction {phase.fraction} is outside (0, 1]")
+    total = sum(p.fraction for p in phases)
+    if not math.isclose(total, 1.0, abs_tol=1e-6):
+        raise ConfigError(f"arm {cfg.arm.name!r}: phase fractions sum to {total:g}, not 1")
+    if cfg.budget.flops <= 0:
+        raise ConfigError(f"budget.flops must be positive, got {cfg.budget.flops:g}")
+    if not cfg.eval.points or any(not 0.0 < p <= 1.0 for p in cfg.eval.points):
+        raise ConfigError(f"eval.points must be fractions in (0, 1], got {list(cfg.eval.points)}")
+    if cfg.train.schedule not in ("constant", "cosine"):
+        raise ConfigError(f"train.schedule must be constant or cosine, got {cfg.train.schedule!r}")
+    if cfg.train.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+        raise ConfigError(f"train.mixed_precision must be auto|no|bf16|fp16, got {cfg.train.mixed_precision!r}")
+    if cfg.model.kernels not in ("auto", "torch", "triton"):
+        raise ConfigError(f"model.kernels must be auto|torch|triton, got {cfg.model.kernels!r}")
+    if cfg.data.path is not None and not Path(cfg.data.path).exists():
+        raise ConfigError(f"data.path does not exist: {cfg.data.path}")
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def _drop_fields(tree: dict, dotted: set[str], prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if name in dotted:
+            continue
+        out[key] = _drop_fields(value, dotted, f"{name}.") if isinstance(value, dict) else value
+    return out
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """sha256 of the fields that change results (paths, worker counts, kernel choice excluded)."""
+    relevant = _drop_fields(to_dict(cfg), _NOT_RESULT_FIELDS)
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
+
+def run_id(cfg: RunConfig) -> str:
+    return f"{cfg.arm.name}-{cfg.data.name}-{cfg.model.name}-s{cfg.seed}-{config_hash(cfg)[:8]}"
+
+
+def format_arm(arm: ArmConfig) -> str:
+    """Compact phase list, e.g. `0.75@75%,0@25%` (the leaderboard's `phases` column)."""
+    return ",".join(f"{p.mask_ratio:g}@{p.fraction * 100:g}%" for p in arm.phases)

@@ -1,0 +1,57 @@
+"""Resolve a data config to shard directories and the shapes the model needs.
+
+The one place that knows the difference between the embedded `synth` default (pixels + captions,
+generated on first use, a small trainable text encoder) and latent shards from `maskbench data encode`
+(VAE latents + precomputed text embeddings, shapes read from the manifest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from maskbench.config import ConfigError, DataConfig
+from maskbench.data.shards import read_manifest
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    train_dir: Path
+    val_dir: Path
+    image_size: int       # pixels or latent size (the model's input)
+    channels: int
+    latent: bool          # True: KEY.latent.npy + KEY.txtemb.npy; False: image + caption
+    context_dim: int      # text embedding width (0 = the model's own synth text encoder)
+    context_len: int
+
+
+def synth_dir(cfg: DataConfig, data_root: str | Path) -> Path:
+    """Where the synth data for these parameters lives: one folder per parameter set."""
+    return Path(data_root) / (f"synth-{cfg.image_size}px-o{cfg.min_objects}{cfg.max_objects}"
+                              f"-n{cfg.n_train}-v{cfg.n_val}-s{cfg.seed}")
+
+
+def resolve_dataset(cfg: DataConfig, data_root: str | Path, create: bool = True) -> DatasetInfo:
+    """Locate (and, for synth, generate on first use) the train/val shards of a data config."""
+    if cfg.path is None and cfg.name != "synth":
+        raise ConfigError(f"data {cfg.name!r} needs data.path=DIR (a folder with train/ and val/ shards)")
+    if cfg.path is None:
+        root = synth_dir(cfg, data_root)
+        if create:
+            from maskbench.data.synth import write_synth
+            write_synth(root, n_train=cfg.n_train, n_val=cfg.n_val, seed=cfg.seed, image_size=cfg.image_size,
+                        min_objects=cfg.min_objects, max_objects=cfg.max_objects)
+    else:
+        root = Path(cfg.path)
+    train_dir, val_dir = root / "train", root / "val"
+    if cfg.path is None and not create:
+        return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0)
+    for split in (train_dir, val_dir):
+        if not (split / "manifest.json").is_file():
+            raise ConfigError(f"no shards at {split} (expected manifest.json; build them with `maskbench data ...`)")
+    latent = read_manifest(train_dir).get("latent")
+    if latent is None:
+        return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0)
+    return DatasetInfo(cfg.name, train_dir, val_dir, int(latent["size"]), int(latent["channels"]), True,
+                       int(latent["text_dim"]), int(latent["text_len"]))

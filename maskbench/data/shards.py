@@ -1,0 +1,417 @@
+"""Canonical webdataset shards: the writer every packer uses, and the training loader.
+
+A canonical sample is `KEY.{png,jpg,webp}` (image bytes), `KEY.txt` (UTF-8 caption) and `KEY.json`
+(`source`, `id`, `width`, `height`, source extras), optionally with extra fields such as
+`KEY.latent.npy`. Every shard directory has a `manifest.json`, written last and atomically, so a
+directory without one is incomplete by definition.
+
+The loader resamples shards forever from an RNG derived from (seed, rank, stream), so a run is
+reproducible and resumable, and it never trusts shard contents: nothing is unpickled (webdataset's
+default decoders would), and bad samples are skipped and counted by reason instead of crashing a
+long run, up to a bad fraction past which it stops with `TooManyBadSamples`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import os
+import tarfile
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+from torchvision.transforms.functional import pil_to_tensor
+from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+FORMAT = "maskbench-shards-v1"
+IMAGE_EXTS = ("png", "jpg", "webp")
+PIL_FORMATS = ("PNG", "JPEG", "WEBP")  # the only decoders PIL may try on shard bytes
+TAR_MTIME = 0  # an int (a float adds a PAX header per member); fixed member mtime, so the same samples give byte-identical shards (stable sha256)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    """Write JSON through a temporary file and os.replace, so readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class CanonicalShardWriter:
+    """Write canonical samples into `{prefix}-000000.tar, ...` and, on a clean close, `manifest.json`.
+
+    Use it as a context manager: if the block raises, the shards are closed but no manifest is
+    written, so the partial output is never mistaken for a complete one. The directory must not
+    already hold a manifest or shards with this prefix (stale shards would be mixed in silently).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        *,
+        source: str,
+        packer_version: str,
+        filters: dict,
+        maxcount: int = 10_000,
+        prefix: str = "shard",
+    ) -> None:
+        if maxcount < 1:
+            raise ValueError(f"maxcount must be positive; got {maxcount}")
+        self.out_dir = Path(out_dir)
+        if (self.out_dir / "manifest.json").exists() or any(self.out_dir.glob(f"{prefix}-*.tar")):
+            raise ValueError(f"{self.out_dir} already holds shards; remove them or write elsewhere")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.source, self.packer_version, self.filters = source, packer_version, filters
+        self.shards: list[dict] = []
+        self.skipped: Counter[str] = Counter()
+        self._sink = wds.ShardWriter(
+            str(self.out_dir / f"{prefix}-%06d.tar"),
+            maxcount=maxcount,
+            post=self._shard_done,
+            verbose=0,
+            encoder=False,
+            mtime=TAR_MTIME,
+        )
+
+    def _shard_done(self, fname: str) -> None:
+        """ShardWriter callback when a shard file is closed (its count is still readable)."""
+        path = Path(fname)
+        if self._sink.count == 0:  # ShardWriter opens its first file eagerly; drop it if unused
+            path.unlink()
+            return
+        self.shards.append(
+            {"name": path.name, "count": self._sink.count, "sha256": _sha256(path), "bytes": path.stat().st_size}
+        )
+
+    def write(
+        self,
+        key: str,
+        image_bytes: bytes,
+        image_ext: str,
+        caption: str,
+        meta: dict,
+        extra: dict[str, bytes] | None = None,
+    ) -> None:
+        """Append one sample; meta must hold int `width` and `height` and becomes KEY.json with source/id."""
+        if not key or "." in key or "/" in key:
+            raise ValueError(f"sample key must be non-empty without '.' or '/' (webdataset splits on them); got {key!r}")
+        if image_ext not in IMAGE_EXTS:
+            raise ValueError(f"image_ext must be one of {IMAGE_EXTS}; got {image_ext!r}")
+        if not caption.strip():
+            raise ValueError(f"sample {key} has an empty caption; count it with skip('empty_caption') instead")
+        if not all(isinstance(meta.get(k), int) for k in ("width", "height")):
+            raise ValueError(f"sample {key}: meta needs int 'width' and 'height'; got {sorted(meta)}")
+        if {"source", "id"} & meta.keys():
+            raise ValueError(f"sample {key}: meta must not set 'source' or 'id' (the writer does)")
+        extra = extra or {}
+        if clash := {image_ext, "txt", "json"} & extra.keys():
+            raise ValueError(f"sample {key}: extra fields {sorted(clash)} clash with the canonical ones")
+        record = {"source": self.source, "id": key, **meta}
+        self._sink.write(
+            {
+                "__key__": key,
+                image_ext: image_bytes,
+                "txt": caption.encode("utf-8"),
+                "json": json.dumps(record).encode("utf-8"),
+                **extra,
+            }
+        )
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        """Count `n` input samples left out, by reason (recorded in the manifest)."""
+        self.skipped[reason] += n
+
+    def close(self) -> dict:
+        """Finish the last shard and write manifest.json; returns the manifest."""
+        self._sink.close()
+        manifest = {
+            "format": FORMAT,
+            "source": self.source,
+            "packer_version": self.packer_version,
+            "filters": self.filters,
+            "shards": self.shards,
+            "total": sum(s["count"] for s in self.shards),
+            "skipped": dict(sorted(self.skipped.items())),
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        _write_json_atomic(self.out_dir / "manifest.json", manifest)
+        return manifest
+
+    def __enter__(self) -> CanonicalShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._sink.close()
+
+
+def read_manifest(shard_dir: str | os.PathLike) -> dict:
+    """Load a shard directory's manifest.json (the marker of a complete directory)."""
+    path = Path(shard_dir) / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"no shard manifest at {path}; build the shards first (maskbench data synth|pack)")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} manifest (format={manifest.get('format')!r})")
+    return manifest
+
+
+def shard_urls(shard_dir: str | os.PathLike) -> list[str]:
+    """Paths of the shards listed in the manifest, in order."""
+    return [str(Path(shard_dir) / s["name"]) for s in read_manifest(shard_dir)["shards"]]
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+class BadSample(Exception):
+    """A sample the loader skips and counts under `reason` (never a bug in the code)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TooManyBadSamples(RuntimeError):
+    """The bad fraction of a loader stream passed max_bad_fraction: the data, not the run, needs fixing."""
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """PNG/JPEG/WebP bytes -> RGB image, refusing anything larger than PIL's MAX_IMAGE_PIXELS."""
+    try:
+        with Image.open(io.BytesIO(data), formats=PIL_FORMATS) as image:
+            if image.width * image.height > Image.MAX_IMAGE_PIXELS:  # checked on the header, before decoding
+                raise BadSample("image_too_large")
+            return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as error:
+        raise BadSample("undecodable_image") from error
+
+
+def decode_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadSample("non_utf8_text") from error
+
+
+def decode_json(data: bytes) -> dict:
+    try:
+        return json.loads(data)
+    except ValueError as error:
+        raise BadSample("bad_json") from error
+
+
+def decode_npy(data: bytes) -> np.ndarray:
+    """.npy bytes -> array; object arrays are refused because loading them would unpickle."""
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise BadSample("bad_npy") from error
+
+
+def decode_image_caption(sample: dict) -> dict:
+    """Default decode for canonical shards: {"image": 3×H×W float in [-1, 1], "caption": str, "key": str}."""
+    image_field = next((ext for ext in IMAGE_EXTS if ext in sample), None)
+    if image_field is None:
+        raise BadSample("missing_image")
+    if "txt" not in sample:
+        raise BadSample("missing_caption")
+    caption = decode_text(sample["txt"]).strip()
+    if not caption:
+        raise BadSample("empty_caption")
+    pixels = pil_to_tensor(decode_image(sample[image_field]))  # 3×H×W uint8
+    return {"image": pixels.float() / 127.5 - 1.0, "caption": caption, "key": sample["__key__"]}
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class BadSampleCounter:
+    """Samples seen and skipped (by reason) in one loader stream; raises past the allowed bad fraction."""
+
+    def __init__(self, max_bad_fraction: float, min_samples: int) -> None:
+        self.max_bad_fraction, self.min_samples = max_bad_fraction, min_samples
+        self.seen = 0
+        self.bad: Counter[str] = Counter()
+
+    def add(self, reason: str | None = None) -> None:
+        """Count one sample read, bad under `reason` or good when None."""
+        self.seen += 1
+        if reason is not None:
+            self.bad[reason] += 1
+        n_bad = sum(self.bad.values())
+        if self.seen >= self.min_samples and n_bad > self.max_bad_fraction * self.seen:
+            raise TooManyBadSamples(
+                f"{n_bad} of {self.seen} samples were bad ({dict(self.bad)}), above max_bad_fraction="
+                f"{self.max_bad_fraction}; check the shards (maskbench data verify)"
+            )
+
+
+def _shard_samples(url: str, counter: BadSampleCounter) -> Iterator[dict]:
+    """Group one tar's members into samples; duplicate keys and truncation are counted, not fatal.
+
+    A key seen again later in the same shard, or a field repeated within a sample, drops that
+    sample; a truncated or unreadable tar ends the shard there, losing the sample being read.
+    """
+    seen_keys: set[str] = set()
+    try:
+        with open(url, "rb") as stream:
+            members = tar_file_iterator(stream)
+            for key, group in itertools.groupby(members, key=lambda m: base_plus_ext(m["fname"])[0]):
+                files = [(base_plus_ext(m["fname"])[1].lower(), m["data"]) for m in group]
+                if key is None:
+                    continue
+                fields = dict(files)
+                if key in seen_keys or len(fields) < len(files):
+                    counter.add("duplicate_key")
+                    continue
+                seen_keys.add(key)
+                yield {"__key__": key, "__url__": url, **fields}
+    except (tarfile.TarError, EOFError, OSError):
+        counter.add("truncated_tar")
+
+
+def _read_samples(shards: Iterator[dict], counter: BadSampleCounter) -> Iterator[dict]:
+    for shard in shards:
+        yield from _shard_samples(shard["url"], counter)
+
+
+def _decode_samples(samples: Iterator[dict], decode: Callable[[dict], dict | None], counter: BadSampleCounter):
+    for sample in samples:
+        try:
+            decoded = decode(sample)
+        except BadSample as bad:
+            counter.add(bad.reason)
+            continue
+        counter.add(None if decoded is not None else "rejected_by_decode")
+        if decoded is not None:
+            yield decoded
+
+
+def _with_stats(batches: Iterator[dict], counter: BadSampleCounter, stream: int) -> Iterator[dict]:
+    """Attach the stream's cumulative counts: worker processes can only report through the batches."""
+    for batch in batches:
+        batch["data_stats"] = {"stream": stream, "seen": counter.seen, "bad": dict(counter.bad)}
+        yield batch
+
+
+class _ShardStream(IterableDataset):
+    """One rank's batches; each DataLoader worker builds its own deterministic stream on iteration.
+
+    Stream w of rank r draws shards and shuffles from RNGs seeded by (seed, r, w). The DataLoader
+    hands out batches round-robin from worker 0, so batch i of an uninterrupted run comes from
+    stream i % W. To resume at step s, worker j plays stream (j + s) % W and drops the batches that
+    stream made before step s: the resumed run then yields exactly batches s, s+1, ...
+    """
+
+    def __init__(self, urls: list[str], *, batch_size: int, seed: int, rank: int, start_step: int,
+                 decode: Callable[[dict], dict | None], max_bad_fraction: float, min_samples: int,
+                 shuffle_buffer: int) -> None:
+        super().__init__()
+        self.urls, self.batch_size, self.seed, self.rank, self.start_step = urls, batch_size, seed, rank, start_step
+        self.decode, self.max_bad_fraction, self.min_samples = decode, max_bad_fraction, min_samples
+        self.shuffle_buffer = shuffle_buffer
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        stream = (worker + self.start_step) % n_workers
+        skip = max(0, -(-(self.start_step - stream) // n_workers))  # batches i < start_step with i % W == stream
+        shard_seed, shuffle_seed = np.random.SeedSequence([self.seed, self.rank, stream]).generate_state(2)
+        counter = BadSampleCounter(self.max_bad_fraction, self.min_samples)
+        pipeline = wds.DataPipeline(
+            # ResampledShards mixes worker_seed(), its epoch (0: the pipeline is new) and seed; rank
+            # and stream enter through shard_seed, so ranks draw different shard sequences.
+            wds.ResampledShards(self.urls, seed=0, worker_seed=lambda: int(shard_seed), deterministic=True),
+            lambda shards: _read_samples(shards, counter),
+            lambda samples: _decode_samples(samples, self.decode, counter),
+            wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, seed=int(shuffle_seed)),
+            wds.batched(self.batch_size, collation_fn=default_collate, partial=False),
+            lambda batches: _with_stats(batches, counter, stream),
+            wds.slice(skip, None),
+        )
+        return iter(pipeline)
+
+
+class ShardLoader:
+    """The batches of `make_loader`, plus the bad-sample counts they carried, summed over streams."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        self.stats: dict[int, dict] = {}  # stream -> its latest cumulative counts
+
+    def __iter__(self) -> Iterator[dict]:
+        for batch in self.loader:
+            self.stats[batch["data_stats"]["stream"]] = batch["data_stats"]
+            yield batch
+
+    def seen(self) -> int:
+        return sum(s["seen"] for s in self.stats.values())
+
+    def bad_counts(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for s in self.stats.values():
+            total.update(s["bad"])
+        return dict(total)
+
+
+def make_loader(
+    shard_dir: str | os.PathLike,
+    *,
+    batch_size: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int = 0,
+    start_step: int = 0,
+    decode: Callable[[dict], dict | None] = decode_image_caption,
+    max_bad_fraction: float = 0.05,
+    min_samples: int = 1_000,
+    shuffle_buffer: int = 1_000,
+) -> ShardLoader:
+    """An endless, reproducible stream of collated batches from a canonical (or latent) shard dir.
+
+    Every rank resamples all shards with replacement from its own seeded stream (webdataset's
+    `resampled=True` with the node split done by seeding, so ranks never need equal shard counts).
+    `decode` turns a raw sample (bytes per field, plus `__key__`/`__url__`) into a dict of tensors
+    and strings, raising `BadSample(reason)` or returning None to skip it. Each batch carries
+    `data_stats` (its stream's cumulative seen/bad counts); `ShardLoader.bad_counts()` sums them.
+    Beyond `min_samples` read by a stream, a bad fraction above `max_bad_fraction` raises
+    `TooManyBadSamples`.
+
+    Resuming at `start_step` replays the stream and drops the first `start_step` batches: exact,
+    and it costs reading and decoding start_step × batch_size samples (spread over the workers)
+    once at start-up, i.e. the data time of the skipped steps without their model time. Each new
+    iteration of the loader restarts the stream from `start_step`: iterate it once per run.
+    """
+    if batch_size < 1 or num_workers < 0 or start_step < 0 or shuffle_buffer < 1:
+        raise ValueError("batch_size and shuffle_buffer must be positive, num_workers and start_step non-negative")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
+    if not 0.0 <= max_bad_fraction < 1.0:
+        raise ValueError(f"max_bad_fraction must be in [0, 1); got {max_bad_fraction}")
+    if read_manifest(shard_dir)["total"] == 0:
+        raise ValueError(f"{shard_dir} holds no samples")
+    dataset = _ShardStream(
+        shard_urls(shard_dir), batch_size=batch_size, seed=seed, rank=rank, start_step=start_step, decode=decode,
+        max_bad_fraction=max_bad_fraction, min_samples=min_samples, shuffle_buffer=shuffle_buffer,
+    )
+    return ShardLoader(DataLoader(dataset, batch_size=None, num_workers=num_workers))

@@ -1,0 +1,121 @@
+"""Evaluation at an eval point: validation loss at fixed t, paired samples, a grid, and the metrics.
+
+Everything here is fixed by the data and the eval config, never by the arm or the run seed: the
+held-out images and their noise for the validation loss, the prompts and their initial noise for
+sampling. Two arms evaluated at the same point therefore see byte-identical inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+from torch import nn
+from torchvision.utils import make_grid
+
+from maskbench.config import EvalConfig
+from maskbench.data.dataset import DatasetInfo
+from maskbench.data.shards import BadSample, decode_image_caption, shard_urls
+from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
+from maskbench.models.build import batch_context
+from maskbench.train.objective import interpolate, velocity_loss
+
+
+@dataclass
+class EvalSet:
+    """The first N held-out samples, in shard order."""
+    images: torch.Tensor        # N×C×H×W in [-1, 1] (or latents)
+    captions: list[str]
+    meta: list[dict]
+
+    def batch(self, start: int, stop: int) -> dict:
+        return {"image": self.images[start:stop], "caption": self.captions[start:stop]}
+
+
+def load_eval_set(data: DatasetInfo, n: int) -> EvalSet:
+    """Read the held-out split sequentially (no shuffling, no resampling) and keep the first n samples."""
+    pipeline = wds.DataPipeline(wds.SimpleShardList(shard_urls(data.val_dir)), wds.tarfile_to_samples())
+    images, captions, meta = [], [], []
+    for sample in pipeline:
+        try:
+            decoded = decode_image_caption(sample)
+        except BadSample:
+            continue
+        images.append(decoded["image"])
+        captions.append(decoded["caption"])
+        meta.append(json.loads(sample["json"]) if "json" in sample else {})
+        if len(images) == n:
+            break
+    if len(images) < n:
+        raise ValueError(f"the held-out split {data.val_dir} has {len(images)} usable samples; {n} requested")
+    return EvalSet(torch.stack(images), captions, meta)
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], noise_seed: int,
+                    batch_size: int, device: torch.device) -> tuple[float, list[float]]:
+    """Unmasked rectified-flow loss at fixed t on held-out data with fixed noise (MLPerf Flux's metric)."""
+    n = len(evalset.captions)
+    per_t = []
+    for j, t_value in enumerate(t_values):
+        total = 0.0
+        for start in range(0, n, batch_size):
+            batch = evalset.batch(start, start + batch_size)
+            x0 = batch["image"].to(device)                                          # B×C×H×W
+            noise = fixed_noise(range(start, start + len(x0)), tuple(x0.shape[1:]), noise_seed + 7919 * (j + 1))
+            t = torch.full((len(x0),), t_value, device=device)                      # B
+            context, mask = batch_context(model, batch, device)
+            pred = model(interpolate(x0, noise.to(device), t), t, context, mask)    # B×L×P
+            target = model.patchify(noise.to(device) - x0)                          # B×L×P
+            total += velocity_loss(pred, target).item() * len(x0)
+        per_t.append(total / n)
+    return float(np.mean(per_t)), per_t
+
+
+@torch.no_grad()
+def generate(model: nn.Module, evalset: EvalSet, n: int, cfg: EvalConfig, device: torch.device) -> torch.Tensor:
+    """Samples for the first n held-out prompts, uint8 N×H×W×C, from the fixed per-prompt noise."""
+    shape = tuple(evalset.images.shape[1:])
+    out = []
+    for start in range(0, n, cfg.batch_size):
+        stop = min(start + cfg.batch_size, n)
+        noise = fixed_noise(range(start, stop), shape, cfg.noise_seed).to(device)   # B×C×H×W
+        context, mask = batch_context(model, evalset.batch(start, stop), device)
+        out.append(to_uint8(euler_sample(model, noise, context, mask, cfg.sampler_steps, cfg.cfg_scale)))
+    return torch.cat(out)                                                           # N×H×W×C
+
+
+def save_samples(images: torch.Tensor, out_dir: Path, grid_size: int) -> Path:
+    """One PNG per sample (what `maskbench repro` recomputes metrics from) and a grid PNG."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(images.numpy()):
+        Image.fromarray(image).save(out_dir / f"{i:05d}.png")
+    grid_images = images[:grid_size].permute(0, 3, 1, 2)                              # G×C×H×W
+    grid = make_grid(grid_images, nrow=int(np.ceil(np.sqrt(len(grid_images)))), padding=1)
+    grid_path = out_dir / "grid.png"
+    Image.fromarray(grid.permute(1, 2, 0).numpy()).save(grid_path)
+    return grid_path
+
+
+def load_samples(sample_dir: Path) -> torch.Tensor:
+    files = sorted(sample_dir.glob("[0-9]*.png"))
+    return torch.from_numpy(np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files]))
+
+
+def evaluate_point(model: nn.Module, evalset: EvalSet, data: DatasetInfo, cfg: EvalConfig, out_dir: Path,
+                   device: torch.device) -> dict:
+    """All metrics of one eval point, with the model in eval mode; returns a flat dict of results."""
+    was_training = model.training
+    model.eval()
+    val_loss, val_loss_per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, device)
+    result = {"val_loss": val_loss, "val_loss_per_t": val_loss_per_t}
+    if not data.latent:
+        images = generate(model, evalset, cfg.n_samples, cfg, device)
+        result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
+    model.train(was_training)
+    return result

@@ -1,0 +1,29 @@
+"""Build the model a run trains, and turn a batch's text into the model's context input."""
+
+from __future__ import annotations
+
+import torch
+
+from maskbench.data.dataset import DatasetInfo
+from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.text import SynthTextEncoder
+
+
+def build_model(cfg: ModelConfig, data: DatasetInfo) -> DiT:
+    """Latent data brings precomputed text embeddings; synth captions go through a small trainable encoder."""
+    if data.latent:
+        return DiT(cfg, data.image_size, data.channels, data.context_dim, text_encoder=None)
+    text_encoder = SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len)
+    return DiT(cfg, data.image_size, data.channels, cfg.text_width, text_encoder=text_encoder)
+
+
+def batch_context(model: DiT, batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(context B×T, mask B×T bool): token ids for the synth encoder, or precomputed embeddings."""
+    if model.text_encoder is not None:
+        ids, mask = model.text_encoder.tokenize(batch["caption"])
+        return ids.to(device), mask.to(device)
+    context = batch["txtemb"].to(device, non_blocking=True)                       # B×T×D
+    mask = batch.get("txtmask")
+    if mask is None:
+        mask = torch.ones(context.shape[:2], dtype=torch.bool)
+    return context, mask.to(device)

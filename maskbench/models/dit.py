@@ -1,0 +1,275 @@
+"""A token-dropping text-to-image DiT.
+
+The layout follows DiT (Peebles & Xie) with the pieces the masked-training papers add:
+
+    patch embed + fixed 2-D sin-cos positions
+    -> mixer blocks on all L tokens      (MicroDiT's deferred masking; mixer_depth 0 = MaskDiT early drop)
+    -> drop to K kept tokens             (gather_tokens, so the Triton kernel can plug in)
+    -> backbone blocks on the K tokens
+    -> final layer: a prediction for each kept token only (the loss is over kept tokens only).
+
+Every block is adaLN-Zero conditioned on (timestep + pooled text), with self-attention,
+cross-attention to the text tokens and an MLP, each gated so a fresh block is the identity.
+Unmasking is just keep_idx=None: the architecture is the same, so checkpoints carry over between
+the phases of an arm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Attention, Mlp, PatchEmbed
+from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
+from torch import nn
+
+from maskbench.models.kernels import gather_tokens
+
+TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the DiT; plain fields so OmegaConf can compose it from YAML."""
+
+    name: str = "tiny"
+    patch_size: int = 4
+    width: int = 128
+    depth: int = 4            # backbone blocks, run on kept tokens only
+    heads: int = 4
+    mixer_depth: int = 0      # patch-mixer blocks on ALL tokens before dropping (MicroDiT); 0 = MaskDiT-style early drop
+    mlp_ratio: float = 4.0
+    text_width: int = 64      # width of the small trainable synth text encoder
+    text_depth: int = 2
+    text_len: int = 32        # caption context length (tokens) for the synth text encoder
+    kernels: str = "auto"     # auto|torch|triton, passed to gather/scatter
+    structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
+
+
+def tiny() -> ModelConfig: return ModelConfig()
+def dit_s2() -> ModelConfig: return ModelConfig(name="dit_s2", depth=12, width=384, heads=6, patch_size=2)
+def dit_b2() -> ModelConfig: return ModelConfig(name="dit_b2", depth=12, width=768, heads=12, patch_size=2)
+def dit_l2() -> ModelConfig: return ModelConfig(name="dit_l2", depth=24, width=1024, heads=16, patch_size=2)
+def dit_xl2() -> ModelConfig: return ModelConfig(name="dit_xl2", depth=28, width=1152, heads=16, patch_size=2)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": tiny, "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2,
+}
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN: a condition-dependent affine after a parameter-free LayerNorm."""
+    return x * (1 + scale) + shift
+
+
+def masked_mean(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of B×T×D tokens over the positions where mask (B×T) is True -> B×D."""
+    weights = mask.to(tokens.dtype)[..., None]                                    # B×T×1
+    return (tokens * weights).sum(1) / weights.sum(1).clamp(min=1)               # B×D
+
+
+def _layer_norm(width: int) -> nn.LayerNorm:
+    return nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+
+
+def _mlp(width: int, mlp_ratio: float) -> Mlp:
+    return Mlp(width, int(width * mlp_ratio), act_layer=lambda: nn.GELU(approximate="tanh"))
+
+
+class TimestepEmbedder(nn.Module):
+    """t in [0, 1] -> B×width, DiT's sinusoid + MLP (t is scaled to DiT's 0..1000 range first)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(TIMESTEP_FREQ_DIM, width), nn.SiLU(), nn.Linear(width, width))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = TIMESTEP_FREQ_DIM // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / half)  # half
+        args = 1000.0 * t.float()[:, None] * freqs[None, :]                                 # B×half
+        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))              # B×width
+
+
+class CrossAttention(nn.Module):
+    """Image tokens attend to text tokens; padded text tokens are masked out as keys.
+
+    timm has no cross-attention layer, so this is timm's Attention with q from x and k, v from context.
+    """
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, 2 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
+        B, N, D = x.shape
+        T = context.shape[1]
+        q = self.q(x).view(B, N, self.heads, D // self.heads).transpose(1, 2)                  # B×H×N×d
+        k, v = self.kv(context).view(B, T, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 2× B×H×T×d
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=context_mask[:, None, None, :])  # B×H×N×d
+        return self.proj(x.transpose(1, 2).reshape(B, N, D))                                  # B×N×D
+
+
+class DiTBlock(nn.Module):
+    """adaLN-Zero block: gated self-attention, cross-attention to text, MLP."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float) -> None:
+        super().__init__()
+        self.norm1, self.norm2, self.norm3 = _layer_norm(width), _layer_norm(width), _layer_norm(width)
+        self.attn = Attention(width, num_heads=heads, qkv_bias=True)
+        self.cross_attn = CrossAttention(width, heads)
+        self.mlp = _mlp(width, mlp_ratio)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 9 * width))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, context: torch.Tensor,
+                context_mask: torch.Tensor) -> torch.Tensor:
+        (shift_sa, scale_sa, gate_sa, shift_ca, scale_ca, gate_ca,
+         shift_ff, scale_ff, gate_ff) = self.adaLN_modulation(c)[:, None, :].chunk(9, dim=-1)  # 9× B×1×D
+        x = x + gate_sa * self.attn(modulate(self.norm1(x), shift_sa, scale_sa))                # B×N×D
+        x = x + gate_ca * self.cross_attn(modulate(self.norm2(x), shift_ca, scale_ca), context, context_mask)  # B×N×D
+        x = x + gate_ff * self.mlp(modulate(self.norm3(x), shift_ff, scale_ff))                 # B×N×D
+        return x
+
+
+class FinalLayer(nn.Module):
+    """adaLN + Linear to one patch of pixels/latents per token."""
+
+    def __init__(self, width: int, out_dim: int) -> None:
+        super().__init__()
+        self.norm = _layer_norm(width)
+        self.linear = nn.Linear(width, out_dim)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c)[:, None, :].chunk(2, dim=-1)  # 2× B×1×D
+        return self.linear(modulate(self.norm(x), shift, scale))              # B×N×out_dim
+
+
+class DiT(nn.Module):
+    """Text-conditioned DiT that runs its backbone on the kept tokens only.
+
+    context is B×T×context_dim float (precomputed text embeddings), or B×T long token ids when a
+    text_encoder is given (which then defines context_dim). context_mask is B×T bool, True = real
+    token; every sample needs at least one.
+    """
+
+    def __init__(self, cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
+                 text_encoder: nn.Module | None = None) -> None:
+        super().__init__()
+        _validate(cfg, image_size, context_dim, text_encoder)
+        self.cfg = cfg
+        self.in_channels = in_channels
+        self.patch_size = cfg.patch_size
+        self.x_embedder = PatchEmbed(image_size, cfg.patch_size, in_channels, cfg.width)
+        self.grid: tuple[int, int] = self.x_embedder.grid_size       # (h, w) token grid, raster order
+        self.seq_len = self.grid[0] * self.grid[1]
+        self.register_buffer("pos_embed", build_sincos2d_pos_embed(list(self.grid), cfg.width),
+                             persistent=False)                        # L×D, fixed, so not checkpointed
+        self.t_embedder = TimestepEmbedder(cfg.width)
+        self.text_encoder = text_encoder
+        self.context_proj = nn.Linear(context_dim, cfg.width)
+        self.text_pool = nn.Linear(cfg.width, cfg.width)
+        # Caption dropout sees T copies of one learned token: the same for any T and any padding.
+        self.null_context = nn.Parameter(torch.zeros(cfg.width))
+        self.mixer = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.mixer_depth))
+        self.blocks = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
+        self.final_layer = FinalLayer(cfg.width, cfg.patch_size ** 2 * in_channels)
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """DiT's init: xavier linears, and zero adaLN and output so every block starts as the identity.
+
+        The text encoder is left to initialise itself (it may be pretrained).
+        """
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and not name.startswith("text_encoder"):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        patch_weight = self.x_embedder.proj.weight
+        nn.init.xavier_uniform_(patch_weight.view(patch_weight.shape[0], -1))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        nn.init.normal_(self.null_context, std=0.02)
+        modulations = [block.adaLN_modulation[-1] for block in [*self.mixer, *self.blocks, self.final_layer]]
+        for layer in [*modulations, self.final_layer.linear]:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def encode_context(self, context: torch.Tensor, context_mask: torch.Tensor,
+                       drop_context: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Text tokens at model width (B×T×D, B×T); samples with drop_context see only the null token."""
+        if self.text_encoder is not None:
+            context = self.text_encoder(context, context_mask)                     # B×T×context_dim
+        tokens = self.context_proj(context)                                         # B×T×D
+        if drop_context is None:
+            return tokens, context_mask
+        drop = drop_context[:, None]                                                # B×1
+        tokens = torch.where(drop[..., None], self.null_context, tokens)            # B×T×D
+        return tokens, context_mask | drop                                          # B×T
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor,
+                keep_idx: torch.Tensor | None = None, drop_context: torch.Tensor | None = None) -> torch.Tensor:
+        """x_t B×C×H×W, t B in [0, 1], keep_idx B×K sorted (None = all L) -> B×K×(p·p·C) for kept tokens."""
+        self._check_inputs(x, t, context_mask, keep_idx)
+        ctx, ctx_mask = self.encode_context(context, context_mask, drop_context)       # B×T×D, B×T
+        c = self.t_embedder(t) + self.text_pool(masked_mean(ctx, ctx_mask))            # B×D
+        tokens = self.x_embedder(x)                                                    # B×L×D
+        if keep_idx is not None and self.cfg.mixer_depth == 0:
+            tokens = gather_tokens(tokens, keep_idx, self.pos_embed, impl=self.cfg.kernels)  # B×K×D, +pos fused
+        else:
+            tokens = tokens + self.pos_embed                                           # B×L×D
+            for block in self.mixer:
+                tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
+            if keep_idx is not None:
+                tokens = gather_tokens(tokens, keep_idx, impl=self.cfg.kernels)        # B×K×D
+        for block in self.blocks:
+            tokens = block(tokens, c, ctx, ctx_mask)                                   # B×K×D
+        return self.final_layer(tokens, c)                                             # B×K×(p·p·C)
+
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """B×C×H×W -> B×L×(p·p·C) in the model's token order (the regression target per token)."""
+        B, C, H, W = x.shape
+        p = self.patch_size
+        x = x.reshape(B, C, H // p, p, W // p, p)                   # B×C×h×p×w×p
+        x = x.permute(0, 2, 4, 3, 5, 1)                             # B×h×w×p×p×C
+        return x.reshape(B, (H // p) * (W // p), p * p * C)         # B×L×(p·p·C)
+
+    def unpatchify(self, tokens: torch.Tensor) -> torch.Tensor:
+        """B×L×(p·p·C) -> B×C×H×W, the inverse of patchify."""
+        B = tokens.shape[0]
+        (h, w), p, C = self.grid, self.patch_size, self.in_channels
+        x = tokens.reshape(B, h, w, p, p, C)                        # B×h×w×p×p×C
+        x = x.permute(0, 5, 1, 3, 2, 4)                             # B×C×h×p×w×p
+        return x.reshape(B, C, h * p, w * p)                        # B×C×H×W
+
+    def _check_inputs(self, x: torch.Tensor, t: torch.Tensor, context_mask: torch.Tensor,
+                      keep_idx: torch.Tensor | None) -> None:
+        B = x.shape[0]
+        h, w = self.grid
+        expected = (self.in_channels, h * self.patch_size, w * self.patch_size)
+        if x.ndim != 4 or x.shape[1:] != expected:
+            raise ValueError(f"expected x of shape B×{expected[0]}×{expected[1]}×{expected[2]}, got {tuple(x.shape)}")
+        if t.shape != (B,) or context_mask.ndim != 2 or context_mask.shape[0] != B:
+            raise ValueError(f"expected t of shape ({B},) and context_mask B×T, "
+                             f"got {tuple(t.shape)} and {tuple(context_mask.shape)}")
+        if keep_idx is not None and (keep_idx.ndim != 2 or keep_idx.shape[0] != B
+                                     or keep_idx.shape[1] > self.seq_len):
+            raise ValueError(f"expected keep_idx {B}×K with K <= {self.seq_len}, got {tuple(keep_idx.shape)}")
+
+
+def _validate(cfg: ModelConfig, image_size: int, context_dim: int, text_encoder: nn.Module | None) -> None:
+    if image_size % cfg.patch_size:
+        raise ValueError(f"image size {image_size} is not divisible by patch size {cfg.patch_size}")
+    if cfg.width % 4:
+        raise ValueError(f"width {cfg.width} must be divisible by 4 (2-D sin-cos positions)")
+    if cfg.width % cfg.heads:
+        raise ValueError(f"width {cfg.width} is not divisible by {cfg.heads} heads")
+    if text_encoder is not None and getattr(text_encoder, "width", context_dim) != context_dim:
+        raise ValueError(f"context_dim {context_dim} must equal the text encoder width {text_encoder.width}")

@@ -1,0 +1,201 @@
+"""The leaderboard CSV: one row per (run, eval point), appended by many processes, read back typed.
+
+Why a CSV: runs on a cluster append to one file on a shared filesystem, users merge the files of
+several machines, and the published reference rows ship as a CSV in the same schema
+(`results/reference.csv`). A `filelock.FileLock` beside the file serialises appends so concurrent
+writers never interleave half rows, and every row is validated on the way in and on the way out,
+so one bad line (a crash mid-write, a hand edit) is reported as FILE:LINE instead of silently
+corrupting a table of averages.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from filelock import FileLock
+
+logger = logging.getLogger(__name__)
+
+COLUMNS: tuple[str, ...] = (
+    "run_id", "arm", "phases", "dataset", "model", "params", "resolution", "batch_size", "seed",
+    "budget_flops", "point", "step", "samples_seen", "train_flops", "gpu_hours", "device",
+    "n_devices", "mfu", "val_loss", "fid", "fid_features", "fid_n", "clip_score", "clip_cos",
+    "clip_model", "align_acc", "sampler_steps", "cfg_scale", "maskbench_version", "git_sha",
+    "config_hash", "created_at", "source",
+)
+INT_COLUMNS = frozenset({
+    "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
+    "sampler_steps",
+})
+FLOAT_COLUMNS = frozenset({
+    "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "val_loss", "fid", "clip_score",
+    "clip_cos", "align_acc", "cfg_scale",
+})
+# A measured row must say what it measured to be grouped; a reference row (non-empty `source`)
+# only has to say where its numbers come from, and is empty wherever that source gives nothing.
+REQUIRED_MEASURED = ("run_id", "arm", "dataset", "model", "budget_flops", "point", "seed")
+REQUIRED_REFERENCE = ("run_id", "arm", "source")
+ON_ERROR = ("skip", "abort")
+DEFAULT_CSV = "results/leaderboard.csv"
+
+Value = str | int | float | None
+Row = dict[str, Value]
+
+
+def parse_value(column: str, text: str) -> Value:
+    """Parse one cell into its column's type: int, finite float, or str; empty means None."""
+    if text == "":
+        return None
+    if column in INT_COLUMNS:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"column {column!r}: expected an integer, got {text!r}") from None
+    if column in FLOAT_COLUMNS:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ValueError(f"column {column!r}: expected a finite number, got {text!r}")
+        return value
+    return text
+
+
+def parse_row(cells: Mapping[str, str]) -> Row:
+    """Type every column of one row (cells keyed by column name) and check the required ones."""
+    row = {column: parse_value(column, cells[column]) for column in COLUMNS}
+    required = REQUIRED_REFERENCE if row["source"] else REQUIRED_MEASURED
+    missing = [column for column in required if row[column] is None]
+    if missing:
+        raise ValueError(f"empty required column(s): {', '.join(missing)}")
+    return row
+
+
+def _format_row(row: Mapping[str, Value]) -> list[str]:
+    """Cells of one row in COLUMNS order, validated by the reader's own rules before writing."""
+    unknown = sorted(set(row) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"unknown leaderboard column(s): {', '.join(unknown)}; known: {', '.join(COLUMNS)}")
+    cells = ["" if row.get(column) is None else str(row[column]) for column in COLUMNS]
+    parse_row(dict(zip(COLUMNS, cells)))  # never write a row that read_rows would reject
+    return cells
+
+
+def append_rows(csv_path: str | os.PathLike, rows: Sequence[Mapping[str, Value]]) -> None:
+    """Append rows to a leaderboard CSV, creating it with a header if missing.
+
+    Safe under concurrent writers (processes, nodes on a shared filesystem): the header check and
+    the write happen under `<csv>.lock`, and the data is fsync'ed before the lock is released, so a
+    reader never sees half a row from a live writer. Keys missing from a row are written empty;
+    unknown keys or badly typed values raise ValueError before the file is touched.
+    """
+    lines = [_format_row(row) for row in rows]
+    path = Path(csv_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", newline="", encoding="utf-8") as f:
+        f.seek(0)  # "a+" reads from anywhere but always writes at the end
+        header = next(csv.reader([f.readline()]), [])
+        writer = csv.writer(f)
+        if not header:
+            writer.writerow(COLUMNS)
+        elif tuple(header) != COLUMNS:
+            raise ValueError(f"{path} has a different header than this maskbench's schema; write to a new CSV")
+        writer.writerows(lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rows(paths: Iterable[str | os.PathLike], on_error: str = "skip") -> list[Row]:
+    """Read and merge leaderboard CSVs into typed rows (columns may come in any order).
+
+    A malformed row (wrong field count, bad type, empty required column) is reported as
+    "FILE:LINE: reason": logged as a warning and skipped under on_error="skip", raised as
+    ValueError under "abort". A file whose header is not the schema is one such error at line 1.
+    """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+    rows: list[Row] = []
+    for path in paths:
+        rows.extend(_read_file(Path(path), on_error))
+    return rows
+
+
+def _read_file(path: Path, on_error: str) -> list[Row]:
+    """Typed rows of one CSV; see read_rows for the error policy."""
+    rows: list[Row] = []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return rows
+        problem = _header_problem(header)
+        if problem:
+            _report(f"{path}:1: {problem}", on_error)
+            return rows
+        for cells in reader:
+            if not cells:  # blank line
+                continue
+            try:
+                if len(cells) != len(header):
+                    raise ValueError(f"expected {len(header)} fields, got {len(cells)}")
+                rows.append(parse_row(dict(zip(header, cells))))
+            except ValueError as err:
+                _report(f"{path}:{reader.line_num}: {err}", on_error)
+    return rows
+
+
+def _header_problem(header: list[str]) -> str | None:
+    """Why a header is not the schema (any order is fine), or None."""
+    unknown = sorted(set(header) - set(COLUMNS))
+    missing = [column for column in COLUMNS if column not in header]
+    if unknown or missing:
+        return f"header does not match the schema (unknown: {unknown or 'none'}; missing: {missing or 'none'})"
+    if len(set(header)) != len(header):
+        return "header repeats a column"
+    return None
+
+
+def _report(message: str, on_error: str) -> None:
+    """Raise under abort; otherwise log the problem and let the caller skip the row."""
+    if on_error == "abort":
+        raise ValueError(message)
+    logger.warning("%s (skipped)", message)
+
+
+def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
+                     baseline: str = "mask0", on_error: str = "skip") -> int:
+    """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
+
+    With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
+    or error policy, a malformed row under abort) prints one line on stderr and returns 2; files
+    without a single row return 1.
+    """
+    # Imported here so that writers of rows (the trainer) need neither scipy nor matplotlib.
+    from maskbench.results import plots, stats
+
+    paths = list(paths) or [DEFAULT_CSV]
+    missing = [path for path in paths if not Path(path).is_file()]
+    try:
+        if missing:
+            raise ValueError(f"no such leaderboard CSV: {', '.join(missing)}")
+        if fmt not in stats.FORMATS:
+            raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(stats.FORMATS)}")
+        rows = read_rows(paths, on_error)
+        if not rows:
+            print(f"no leaderboard rows in {', '.join(paths)}", file=sys.stderr)
+            return 1
+        summary = stats.summarize(rows, baseline_arm=baseline)
+        print(stats.render(summary, fmt))
+        if plot:
+            print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,168 @@
+"""The run directory: resolved config, environment record, per-step metrics, and atomic checkpoints.
+
+Layout of `runs/<run_id>/`:
+    config.yaml      the fully resolved config (what `maskbench eval` / `repro` rebuild the run from)
+    env.json         package versions, git sha, device (compared by `maskbench repro`)
+    metrics.jsonl    one line per training step
+    eval.jsonl       one line per evaluated eval point
+    checkpoints/     point-0.25/, step-00001234/ ... (accelerate `save_state` folders + meta.json)
+    samples/         point-0.25/ PNGs and grid.png per eval point
+    done.json        written once every eval point is trained and evaluated
+
+A checkpoint is written into a temporary folder and renamed into place, so a crash mid-save never
+leaves a checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import yaml
+from accelerate import Accelerator
+
+import maskbench
+
+ENV_PACKAGES = ("torch", "timm", "accelerate", "webdataset", "numpy", "open_clip_torch", "clean-fid",
+                "diffusers", "triton")
+
+
+@dataclass
+class TrainState:
+    """Counters saved with every checkpoint (registered with accelerate)."""
+    step: int = 0
+    flops: float = 0.0
+    train_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    skipped_nonfinite: int = 0
+    bad_samples: dict = field(default_factory=dict)
+    evaluated_points: list = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def git_sha() -> str:
+    """The commit of the maskbench source tree, or '' outside a git checkout."""
+    src = Path(maskbench.__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def environment(accelerator: Accelerator) -> dict:
+    versions = {}
+    for name in ENV_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "maskbench": maskbench.__version__,
+        "git_sha": git_sha(),
+        "python": sys.version.split()[0],
+        "packages": versions,
+        "device": device_name(accelerator.device),
+        "n_devices": accelerator.num_processes,
+        "cpu_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
+
+
+class RunDir:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.checkpoints = self.root / "checkpoints"
+        self.samples = self.root / "samples"
+        self.config = self.root / "config.yaml"
+        self.env = self.root / "env.json"
+        self.metrics = self.root / "metrics.jsonl"
+        self.evals = self.root / "eval.jsonl"
+        self.done = self.root / "done.json"
+
+    def create(self, config: dict, env: dict) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.samples.mkdir(exist_ok=True)
+        write_atomic(self.config, yaml.safe_dump(config, sort_keys=False))
+        if not self.env.exists():
+            write_atomic(self.env, json.dumps(env, indent=2))
+
+    def is_finished(self) -> bool:
+        return self.done.exists()
+
+    def list_checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, path) of every complete checkpoint, oldest first."""
+        found = []
+        for meta in self.checkpoints.glob("*/meta.json"):
+            found.append((json.loads(meta.read_text())["step"], meta.parent))
+        return sorted(found)
+
+    def latest_checkpoint(self) -> Path | None:
+        found = self.list_checkpoints()
+        return found[-1][1] if found else None
+
+    def point_checkpoint(self, point: float) -> Path:
+        return self.checkpoints / f"point-{point:g}"
+
+    def truncate_logs(self, step: int) -> None:
+        """Drop log lines written after the checkpoint being resumed (they will be redone)."""
+        if self.metrics.exists():
+            lines = self.metrics.read_text().splitlines()
+            kept = [line for line in lines if json.loads(line)["step"] < step]
+            write_atomic(self.metrics, "".join(line + "\n" for line in kept))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(accelerator: Accelerator, run: RunDir, name: str, step: int, keep_periodic: int) -> Path:
+    """`save_state` on every rank into a temporary folder, then an atomic rename by the main process."""
+    final = run.checkpoints / name
+    tmp = run.checkpoints / f".tmp-{name}"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "name": name}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _prune_periodic(run, keep_periodic)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _prune_periodic(run: RunDir, keep: int) -> None:
+    periodic = [path for _, path in run.list_checkpoints() if path.name.startswith("step-")]
+    for path in periodic[: max(len(periodic) - keep, 0)]:
+        shutil.rmtree(path)
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> int:
+    accelerator.load_state(str(path))
+    return json.loads((path / "meta.json").read_text())["step"]

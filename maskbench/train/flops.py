@@ -1,0 +1,121 @@
+"""Analytic FLOPs of a training step, and the split of a FLOPs budget into phases.
+
+The budget every arm gets is counted, not measured: an analytic count is hardware independent,
+identical for every arm, and known before the run starts, so phases can be sized up front.
+
+Convention: matmuls cost 2·M·N·K; attention counts both products (QKᵀ and AV); norms, activations,
+softmax, gathers and the optimizer are free. Backward costs 2× forward per matmul (input grad and
+weight grad), except where the input needs no grad (the patch embed on the data, the first layer after
+the frozen token table, the timestep MLP's first layer, the projection of precomputed text
+embeddings): there autograd computes the weight grad only, 1×. This is exactly what
+torch.utils.flop_counter.FlopCounterMode reports for unfused attention (meta tensors, or the MATH
+SDPA backend); fused GPU attention kernels recompute QKᵀ in backward, which is hardware work, not
+model FLOPs, and is not counted here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from maskbench.models.dit import TIMESTEP_FREQ_DIM, ModelConfig
+from maskbench.models.masking import keep_count
+from maskbench.models.text import MLP_RATIO as TEXT_MLP_RATIO
+
+
+@dataclass(frozen=True)
+class _Counter:
+    """FLOPs of the model's primitives, either forward only or forward + backward."""
+
+    train: bool
+
+    def linear(self, rows: int, fan_in: int, fan_out: int, input_grad: bool = True) -> int:
+        forward = 2 * rows * fan_in * fan_out
+        if not self.train:
+            return forward
+        return forward * (3 if input_grad else 2)
+
+    def attention(self, batch: int, q_len: int, kv_len: int, width: int) -> int:
+        forward = 2 * (2 * batch * q_len * kv_len * width)  # QKᵀ and AV, heads × head_dim = width
+        return forward * (3 if self.train else 1)
+
+    def transformer_mlp(self, rows: int, width: int, hidden: int) -> int:
+        return self.linear(rows, width, hidden) + self.linear(rows, hidden, width)
+
+
+def _dit_block(n: _Counter, batch: int, tokens: int, context_len: int, width: int, hidden: int) -> int:
+    rows = batch * tokens
+    adaln = n.linear(batch, width, 9 * width)
+    self_attn = (n.linear(rows, width, 3 * width) + n.attention(batch, tokens, tokens, width)
+                 + n.linear(rows, width, width))
+    cross_attn = (n.linear(rows, width, width) + n.linear(batch * context_len, width, 2 * width)
+                  + n.attention(batch, tokens, context_len, width) + n.linear(rows, width, width))
+    return adaln + self_attn + cross_attn + n.transformer_mlp(rows, width, hidden)
+
+
+def _text_encoder(n: _Counter, batch: int, context_len: int, width: int, depth: int) -> int:
+    rows = batch * context_len
+    block = (n.linear(rows, width, 3 * width) + n.attention(batch, context_len, context_len, width)
+             + n.linear(rows, width, width) + n.transformer_mlp(rows, width, int(width * TEXT_MLP_RATIO)))
+    return n.linear(rows, width, width, input_grad=False) + depth * block  # first layer reads the frozen table
+
+
+def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
+                 context_len: int, batch: int, mask_ratio: float, text_encoder: bool) -> int:
+    p, width = cfg.patch_size, cfg.width
+    seq_len = (image_size // p) ** 2
+    kept = keep_count(seq_len, mask_ratio)
+    hidden = int(width * cfg.mlp_ratio)
+    text = _text_encoder(n, batch, context_len, cfg.text_width, cfg.text_depth) if text_encoder else 0
+    conditioning = (n.linear(batch * context_len, context_dim, width, input_grad=text_encoder)  # context proj
+                    + n.linear(batch, width, width)                                          # pooled text
+                    + n.linear(batch, TIMESTEP_FREQ_DIM, width, input_grad=False) + n.linear(batch, width, width))
+    patch_embed = n.linear(batch * seq_len, in_channels * p * p, width, input_grad=False)
+    blocks = (cfg.mixer_depth * _dit_block(n, batch, seq_len, context_len, width, hidden)
+              + cfg.depth * _dit_block(n, batch, kept, context_len, width, hidden))
+    final = n.linear(batch, width, 2 * width) + n.linear(batch * kept, width, p * p * in_channels)
+    return text + conditioning + patch_embed + blocks + final
+
+
+def train_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int, context_len: int,
+                     batch: int, mask_ratio: float, text_encoder: bool) -> int:
+    """Forward + backward FLOPs of one training step at this mask ratio."""
+    return _model_flops(_Counter(train=True), cfg, image_size, in_channels, context_dim, context_len,
+                        batch, mask_ratio, text_encoder)
+
+
+def sample_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int, context_len: int,
+                      batch: int, text_encoder: bool) -> int:
+    """FLOPs of one sampling forward on all tokens (a CFG step with a doubled batch is batch=2B)."""
+    return _model_flops(_Counter(train=False), cfg, image_size, in_channels, context_dim, context_len,
+                        batch, 0.0, text_encoder)
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """One phase of an arm: its mask ratio and the whole steps its share of the budget buys."""
+
+    mask_ratio: float
+    steps: int
+    flops_per_step: int
+    flops: int
+
+
+def plan_phases(phases: list[tuple[float, float]], budget_flops: float,
+                step_flops: Callable[[float], int]) -> list[PhasePlan]:
+    """Give each (mask_ratio, budget_fraction) phase fraction × budget FLOPs, as whole steps.
+
+    Flooring each phase loses less than one step of that phase, so arms with different phase lists
+    spend the same budget to within one step.
+    """
+    if any(fraction <= 0 for _, fraction in phases) or abs(sum(f for _, f in phases) - 1.0) > 1e-6:
+        raise ValueError(f"phase budget fractions must be positive and sum to 1, got {phases}")
+    plans = []
+    for index, (mask_ratio, fraction) in enumerate(phases):
+        per_step = step_flops(mask_ratio)
+        steps = int(fraction * budget_flops // per_step)
+        if steps == 0:
+            raise ValueError(f"budget {budget_flops:.3g} FLOPs is too small for one step of phase {index} "
+                             f"(mask {mask_ratio}, {fraction:.0%} of the budget): one step costs {per_step:.3g}")
+        plans.append(PhasePlan(mask_ratio, steps, per_step, steps * per_step))
+    return plans

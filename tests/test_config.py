@@ -1,0 +1,81 @@
+"""Configuration: composition, validation (one line, exit 2, no run directory) and run naming."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from maskbench.cli import main
+from maskbench.config import ConfigError, config_hash, load_config, run_id
+from tests.conftest import tiny_overrides
+
+
+def test_defaults_compose_to_the_main_arm():
+    cfg = load_config([])
+    assert cfg.arm.name == "mask75_then0"
+    assert [(p.mask_ratio, p.fraction) for p in cfg.arm.phases] == [(0.75, 0.75), (0.0, 0.25)]
+    assert cfg.model.name == "tiny" and cfg.data.name == "synth"
+
+
+def test_model_presets_are_selectable():
+    cfg = load_config(["model=dit_b2"])
+    assert (cfg.model.depth, cfg.model.width, cfg.model.heads, cfg.model.patch_size) == (12, 768, 12, 2)
+
+
+def test_user_arm_file(tmp_path):
+    arm = tmp_path / "half.yaml"
+    arm.write_text("phases:\n  - {mask_ratio: 0.5, fraction: 0.6}\n  - {mask_ratio: 0.0, fraction: 0.4}\n")
+    cfg = load_config([f"arm={arm}"])
+    assert cfg.arm.name == "half"
+    assert [(p.mask_ratio, p.fraction) for p in cfg.arm.phases] == [(0.5, 0.6), (0.0, 0.4)]
+
+
+def test_run_id_names_arm_data_model_seed_and_hash():
+    cfg = load_config(["arm=mask0", "seed=3"])
+    assert run_id(cfg).startswith("mask0-synth-tiny-s3-")
+    assert config_hash(cfg) != config_hash(load_config(["arm=mask0", "seed=4"]))
+    # paths and worker counts do not change results, so they do not change the name
+    assert config_hash(cfg) == config_hash(load_config(["arm=mask0", "seed=3", "paths.runs=/elsewhere",
+                                                        "data.num_workers=2"]))
+
+
+def _arm_file(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(body)
+    return f"arm={path}"
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("unknown_arm", "unknown arm 'nope'; known arms: mask0, mask75, mask75_then0"),
+    ("unknown_key", "unknown or invalid key: 'train.no_such_key'"),
+    ("fractions", "phase fractions sum to 0.9, not 1"),
+    ("ratio", "mask ratio 1.0 is outside [0, 1)"),
+    ("budget", "too small for one step"),
+])
+def test_bad_input_exits_2_with_one_line_and_no_run_dir(tmp_path, synth_root, capsys, case, expected):
+    bad = {
+        "unknown_arm": "arm=nope",
+        "unknown_key": "train.no_such_key=1",
+        "fractions": _arm_file(tmp_path, "fractions", "phases:\n  - {mask_ratio: 0.75, fraction: 0.5}\n"
+                                         "  - {mask_ratio: 0.0, fraction: 0.4}\n"),
+        "ratio": _arm_file(tmp_path, "ratio", "phases:\n  - {mask_ratio: 1.0, fraction: 1.0}\n"),
+        "budget": "budget.flops=1e6",
+    }[case]
+    code = main(["run", *tiny_overrides(tmp_path, synth_root, bad)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_console_script_help_lists_subcommands():
+    out = subprocess.run([sys.executable, "-m", "maskbench", "--help"], capture_output=True, text=True, check=True)
+    for command in ("run", "arms", "data"):
+        assert command in out.stdout
+
+
+def test_config_error_is_a_value_error():
+    with pytest.raises(ConfigError):
+        load_config(["eval.points=[0.0]"])

@@ -1,0 +1,121 @@
+"""End-to-end training on a small synth dataset: determinism, resume, corrupt data, learning."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from maskbench.cli import main
+from maskbench.config import load_config
+from maskbench.results.leaderboard import read_rows
+from maskbench.train.loop import train
+from tests.conftest import tiny_overrides
+
+
+def _run(tmp: Path, synth_root: Path, *extra: str) -> Path:
+    return train(load_config(tiny_overrides(tmp, synth_root, *extra)))
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(run_dir: Path) -> dict:
+    return load_file(run_dir / "checkpoints" / "point-1" / "model.safetensors")
+
+
+def test_same_seed_gives_identical_loss_trace(tmp_path, synth_root):
+    a = _run(tmp_path / "a", synth_root, "arm=mask75_then0")
+    b = _run(tmp_path / "b", synth_root, "arm=mask75_then0")
+    assert a.name == b.name
+    assert len(_losses(a)) > 5 and _losses(a) == _losses(b)
+    c = _run(tmp_path / "c", synth_root, "arm=mask75_then0", "seed=1")
+    assert _losses(c) != _losses(a)
+
+
+def test_stop_mid_phase_and_resume_is_bit_identical(tmp_path, synth_root):
+    full = _run(tmp_path / "full", synth_root, "arm=mask75_then0")
+    stopped = _run(tmp_path / "resumed", synth_root, "arm=mask75_then0", "train.stop_at_step=3")
+    assert not (stopped / "done.json").exists()
+    assert json.loads((stopped / "checkpoints" / "step-00000003" / "meta.json").read_text())["step"] == 3
+    resumed = _run(tmp_path / "resumed", synth_root, "arm=mask75_then0")
+    assert resumed == stopped and (resumed / "done.json").exists()
+    assert _losses(resumed) == _losses(full)
+    wa, wb = _weights(full), _weights(resumed)
+    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+    ema_a = (full / "checkpoints" / "point-1" / "custom_checkpoint_0.pkl").read_bytes()
+    ema_b = (resumed / "checkpoints" / "point-1" / "custom_checkpoint_0.pkl").read_bytes()
+    assert ema_a == ema_b
+
+
+def test_finished_run_is_not_retrained(tmp_path, synth_root, capsys):
+    run_dir = _run(tmp_path, synth_root, "arm=mask0")
+    before = (run_dir / "metrics.jsonl").read_text()
+    assert main(["run", *tiny_overrides(tmp_path, synth_root, "arm=mask0")]) == 0
+    assert "not retraining" in capsys.readouterr().out
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(tmp_path, synth_root):
+    run_dir = _run(tmp_path, synth_root, "arm=mask75")
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"point-0.5", "point-1"}
+    for point in ("point-0.5", "point-1"):
+        assert (run_dir / "samples" / point / "grid.png").stat().st_size > 0
+        assert len(list((run_dir / "samples" / point).glob("0*.png"))) == 8
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"loss", "lr", "grad_norm", "mask_ratio", "flops", "seconds", "data_wait"} <= first.keys()
+    assert first["mask_ratio"] == 0.75
+    rows = read_rows([tmp_path / "leaderboard.csv"])
+    assert [r["point"] for r in rows] == [0.5, 1.0]
+    assert all(r["arm"] == "mask75" and r["val_loss"] > 0 and r["train_flops"] > 0 for r in rows)
+    assert rows[-1]["train_flops"] <= 2.5e9
+
+
+def _add_corrupt_shard(src: Path, dst: Path) -> None:
+    """Copy the dataset and add a shard of undecodable / captionless / non-UTF-8 samples to train/."""
+    shutil.copytree(src, dst)
+    shard = dst / "train" / "shard-corrupt.tar"
+    members = {"000000900.png": b"not a png", "000000900.txt": b"a red circle",
+               "000000901.png": _a_png(src),
+               "000000901.txt": b"", "000000902.png": _a_png(src), "000000902.txt": b"\xff\xfe bad"}
+    with tarfile.open(shard, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    manifest = json.loads((dst / "train" / "manifest.json").read_text())
+    manifest["shards"].append({"name": shard.name, "count": 3, "sha256": "", "bytes": shard.stat().st_size})
+    manifest["total"] += 3
+    (dst / "train" / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _a_png(src: Path) -> bytes:
+    with tarfile.open(next((src / "val").glob("*.tar"))) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".png"))
+        return tar.extractfile(member).read()
+
+
+def test_corrupt_samples_are_skipped_and_counted(tmp_path, synth_root):
+    data = tmp_path / "corrupt"
+    _add_corrupt_shard(synth_root, data)
+    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", f"data.path={data}",
+                                               "data.max_bad_fraction=0.99", "budget.flops=1e9",
+                                               "eval.points=[1.0]")))
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["bad_samples"].get("undecodable_image", 0) > 0
+    assert last["bad_samples"].get("empty_caption", 0) > 0 and last["bad_samples"].get("non_utf8_text", 0) > 0
+    assert (run_dir / "done.json").exists()
+
+
+@pytest.mark.slow
+def test_short_run_lowers_validation_loss(tmp_path, synth_root):
+    run_dir = _run(tmp_path, synth_root, "arm=mask0", "budget.flops=3e10", "eval.points=[0.05,1.0]",
+                   "train.lr=2e-3")
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals[-1]["val_loss"] < 0.9 * evals[0]["val_loss"], evals
