@@ -27,12 +27,13 @@ def fail(message: str, code: int = 2) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from maskbench.data.shards import TooManyBadSamples
+    from maskbench.eval.fid import MissingWeights
     from maskbench.train.loop import Trainer, TrainingStopped
 
     try:
         cfg = load_config(args.overrides)
         trainer = Trainer(cfg)
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, ValueError, MissingWeights) as err:
         return fail(str(err))
     try:
         run_dir = trainer.fit()
@@ -63,6 +64,15 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from maskbench.results.leaderboard import leaderboard_main
+
+    paths = args.csvs or [p for p in ("results/leaderboard.csv", "results/reference.csv") if Path(p).is_file()]
+    if not paths:
+        return fail("no CSV given and no results/leaderboard.csv here; run `maskbench run` first")
+    return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maskbench", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
@@ -88,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="data overrides, e.g. data.n_train=100000 paths.data=/scratch/data")
     synth.set_defaults(func=cmd_data_synth)
+
+    board = sub.add_parser("leaderboard", help="compare arms: mean ± 95%% CI per eval point, compute-to-target, "
+                                               "Welch's test, plots",
+                           description="Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and "
+                                       "summarise each (dataset, model, budget) group per arm.")
+    board.add_argument("csvs", nargs="*", metavar="CSV",
+                       help="leaderboard CSVs (default: results/leaderboard.csv and results/reference.csv)")
+    board.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
+    board.add_argument("--plot", metavar="PNG", help="write FID vs GPU-hours and FID vs FLOPs plots here")
+    board.add_argument("--baseline", default="mask0", help="arm that compute-to-target and Welch's test compare to")
+    board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
+                       help="a malformed row: report FILE:LINE and skip it, or abort")
+    board.set_defaults(func=cmd_leaderboard)
     return parser
 
 

@@ -70,9 +70,10 @@ class EvalConfig:
     val_samples: int = 512         # held-out samples for the validation loss
     val_t: list[float] = field(default_factory=lambda: [(i + 0.5) / 8 for i in range(8)])
     grid_size: int = 64            # images in the sample grid PNG
-    inception_weights: Optional[str] = None  # local inception-2015-12-05.pt (real data FID)
+    inception_weights: Optional[str] = None  # local inception-2015-12-05.pt (real-data FID)
+    reference_stats: Optional[str] = None    # FID reference npz; default <data>/val/inception_stats.npz
     clip_model: Optional[str] = None         # e.g. ViT-H-14; None = no CLIP score
-    clip_pretrained: Optional[str] = None    # open_clip tag or a local weights file
+    clip_weights: Optional[str] = None       # open_clip tag (cached locally) or a local weights file
 
 
 @dataclass
@@ -122,7 +123,7 @@ class RunConfig:
 _NOT_RESULT_FIELDS = {
     "paths", "data.path", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
     "train.keep_checkpoints", "train.stop_at_step", "eval.batch_size", "arm.description",
-    "eval.inception_weights", "eval.clip_pretrained",
+    "eval.inception_weights", "eval.clip_weights", "eval.reference_stats",
 }
 
 

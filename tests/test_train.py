@@ -74,6 +74,8 @@ def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(tmp_path, synt
     rows = read_rows([tmp_path / "leaderboard.csv"])
     assert [r["point"] for r in rows] == [0.5, 1.0]
     assert all(r["arm"] == "mask75" and r["val_loss"] > 0 and r["train_flops"] > 0 for r in rows)
+    assert all(r["fid_features"] == "oracle-synth-v1" and r["fid"] > 0 and r["fid_n"] == 8 for r in rows)
+    assert all(0.0 <= r["align_acc"] <= 1.0 and r["clip_score"] is None for r in rows)
     assert rows[-1]["train_flops"] <= 2.5e9
 
 

@@ -8,6 +8,7 @@ sampling. Two arms evaluated at the same point therefore see byte-identical inpu
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,11 @@ from torchvision.utils import make_grid
 
 from maskbench.config import EvalConfig
 from maskbench.data.dataset import DatasetInfo
-from maskbench.data.shards import BadSample, decode_image_caption, shard_urls
+from maskbench.data.shards import BadSample, decode_image_caption, read_manifest, shard_urls
+from maskbench.data.synth import scene_from_json
+from maskbench.eval.clip import ClipScorer, clip_metrics, resolve_pretrained
+from maskbench.eval.fid import FeatureStats, InceptionFeatures, load_stats, save_stats
+from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
 from maskbench.models.build import batch_context
 from maskbench.train.objective import interpolate, velocity_loss
@@ -107,15 +112,85 @@ def load_samples(sample_dir: Path) -> torch.Tensor:
     return torch.from_numpy(np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files]))
 
 
-def evaluate_point(model: nn.Module, evalset: EvalSet, data: DatasetInfo, cfg: EvalConfig, out_dir: Path,
-                   device: torch.device) -> dict:
-    """All metrics of one eval point, with the model in eval mode; returns a flat dict of results."""
-    was_training = model.training
-    model.eval()
-    val_loss, val_loss_per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, device)
-    result = {"val_loss": val_loss, "val_loss_per_t": val_loss_per_t}
-    if not data.latent:
-        images = generate(model, evalset, cfg.n_samples, cfg, device)
-        result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
-    model.train(was_training)
-    return result
+class Evaluator:
+    """Everything an eval point needs, built once per run: the held-out set and the metric networks.
+
+    On synth the Fréchet distance uses the oracle's features (`fid_features=oracle-synth-v1`) against
+    statistics of the whole held-out split, and alignment is the oracle's exact-scene accuracy. On
+    real data, FID uses clean-fid's Inception (`eval.inception_weights`) against `maskbench eval
+    reference` statistics, and CLIP scores come from open_clip when `eval.clip_model` is set.
+    """
+
+    def __init__(self, data: DatasetInfo, cfg: EvalConfig, device: torch.device):
+        self.data, self.cfg, self.device = data, cfg, device
+        self.evalset = load_eval_set(data, max(cfg.n_samples, cfg.val_samples))
+        self.extractor, self.reference, self.oracle, self.clip = None, None, None, None
+        if data.latent:
+            return  # samples are latents: image metrics need a VAE decoder (not wired yet)
+        if data.name == "synth":
+            self.oracle = self.extractor = load_oracle(device=device)
+            self.reference = synth_reference_stats(data, self.oracle)
+        elif cfg.inception_weights:
+            self.extractor = InceptionFeatures(cfg.inception_weights, device)
+            self.reference = load_stats(reference_stats_path(data, cfg))
+        if cfg.clip_model:
+            self.clip = ClipScorer(cfg.clip_model, cfg.clip_weights, device)
+
+    def evaluate(self, model: nn.Module, out_dir: Path) -> dict:
+        """All metrics of one eval point, with the model in eval mode; a flat dict of results."""
+        cfg, evalset = self.cfg, self.evalset
+        was_training = model.training
+        model.eval()
+        val_loss, per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device)
+        result = {"val_loss": val_loss, "val_loss_per_t": per_t}
+        if not self.data.latent:
+            images = generate(model, evalset, cfg.n_samples, cfg, self.device)
+            result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
+            result.update(self.image_metrics(images))
+        model.train(was_training)
+        return result
+
+    def image_metrics(self, images: torch.Tensor) -> dict:
+        """FID (or oracle FD), alignment and CLIP of generated images for the first N prompts."""
+        n = len(images)
+        out = {}
+        if self.extractor is not None:
+            generated = FeatureStats.from_features(self.extractor(images), self.extractor.name)
+            out.update(fid=self.reference.frechet_distance(generated), fid_features=self.extractor.name, fid_n=n)
+        if self.oracle is not None:
+            scenes = [scene_from_json(meta) for meta in self.evalset.meta[:n]]
+            out["align_acc"] = self.oracle.alignment(images, scenes)
+        if self.clip is not None and not self.clip.is_random:
+            out.update(clip_metrics(self.clip(images, self.evalset.captions[:n])), clip_model=self.clip.model_label)
+        return out
+
+
+def reference_stats_path(data: DatasetInfo, cfg: EvalConfig) -> Path:
+    return Path(cfg.reference_stats) if cfg.reference_stats else data.val_dir / "inception_stats.npz"
+
+
+def synth_reference_stats(data: DatasetInfo, oracle: Oracle) -> FeatureStats:
+    """Oracle statistics of the whole held-out split, computed once and kept beside its shards."""
+    path = data.val_dir / "oracle_stats.npz"
+    if not path.exists():
+        n = read_manifest(data.val_dir)["total"]
+        images = to_uint8(load_eval_set(data, n).images)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        save_stats(tmp, FeatureStats.from_features(oracle(images), oracle.name))
+        os.replace(tmp, path)
+    return load_stats(path)
+
+
+def check_eval_inputs(data: DatasetInfo, cfg: EvalConfig) -> None:
+    """Refuse, before any training, what would make evaluation fail later (one line each)."""
+    n_val = read_manifest(data.val_dir)["total"]
+    if cfg.n_samples > n_val or cfg.val_samples > n_val:
+        raise ValueError(f"eval.n_samples={cfg.n_samples} / eval.val_samples={cfg.val_samples} exceed the "
+                         f"{n_val} held-out prompts in {data.val_dir}")
+    if data.name != "synth" and not data.latent and cfg.inception_weights:
+        InceptionFeatures.check_weights(cfg.inception_weights)
+        if not reference_stats_path(data, cfg).is_file():
+            raise ValueError(f"no FID reference statistics at {reference_stats_path(data, cfg)}: build them with "
+                             "`maskbench eval reference` or pass eval.reference_stats=PATH")
+    if cfg.clip_model and cfg.clip_weights:
+        resolve_pretrained(cfg.clip_model, cfg.clip_weights)

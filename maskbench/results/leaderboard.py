@@ -82,7 +82,8 @@ def _format_row(row: Mapping[str, Value]) -> list[str]:
     """Cells of one row in COLUMNS order, validated by the reader's own rules before writing."""
     unknown = sorted(set(row) - set(COLUMNS))
     if unknown:
-        raise ValueError(f"unknown leaderboard column(s): {', '.join(unknown)}; known: {', '.join(COLUMNS)}")
+        raise ValueError(f"unknown leaderboard column(s): {', '.join(unknown)}; "
+                         f"known: {', '.join(COLUMNS)}")
     cells = ["" if row.get(column) is None else str(row[column]) for column in COLUMNS]
     parse_row(dict(zip(COLUMNS, cells)))  # never write a row that read_rows would reject
     return cells
@@ -99,14 +100,15 @@ def append_rows(csv_path: str | os.PathLike, rows: Sequence[Mapping[str, Value]]
     lines = [_format_row(row) for row in rows]
     path = Path(csv_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", newline="", encoding="utf-8") as f:
+    with FileLock(f"{path}.lock"), open(path, "a+", newline="", encoding="utf-8") as f:
         f.seek(0)  # "a+" reads from anywhere but always writes at the end
         header = next(csv.reader([f.readline()]), [])
         writer = csv.writer(f)
         if not header:
             writer.writerow(COLUMNS)
         elif tuple(header) != COLUMNS:
-            raise ValueError(f"{path} has a different header than this maskbench's schema; write to a new CSV")
+            raise ValueError(f"{path} has a different header than this maskbench's schema; "
+                             "write to a new CSV")
         writer.writerows(lines)
         f.flush()
         os.fsync(f.fileno())
@@ -156,7 +158,8 @@ def _header_problem(header: list[str]) -> str | None:
     unknown = sorted(set(header) - set(COLUMNS))
     missing = [column for column in COLUMNS if column not in header]
     if unknown or missing:
-        return f"header does not match the schema (unknown: {unknown or 'none'}; missing: {missing or 'none'})"
+        return (f"header does not match the schema (unknown: {unknown or 'none'}; "
+                f"missing: {missing or 'none'})")
     if len(set(header)) != len(header):
         return "header repeats a column"
     return None

@@ -25,7 +25,7 @@ import maskbench
 from maskbench.config import RunConfig, config_hash, format_arm, run_id, to_dict
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.data.shards import make_loader
-from maskbench.eval.evaluate import EvalSet, evaluate_point, load_eval_set
+from maskbench.eval.evaluate import Evaluator, check_eval_inputs
 from maskbench.models.build import batch_context, build_model
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
@@ -112,6 +112,7 @@ class Trainer:
         # Plan first: a budget too small for one step is refused before any data is generated.
         self.schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False))
         self.data = resolve_dataset(cfg.data, cfg.paths.data)
+        check_eval_inputs(self.data, cfg.eval)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
 
@@ -138,7 +139,7 @@ class Trainer:
             if acc.is_main_process:
                 self.run.truncate_logs(self.state.step)
                 print(f"resuming {self.run.root.name} at step {self.state.step}")
-        self.evalset: EvalSet | None = None
+        self.evaluator: Evaluator | None = None
 
     # ------------------------------------------------------------------------------------ step
     def train_step(self, batch: dict, phase: PhasePlan, step: int) -> dict:
@@ -259,10 +260,9 @@ class Trainer:
         if point in state.evaluated_points or not acc.is_main_process:
             acc.wait_for_everyone()
             return
-        if self.evalset is None:
-            self.evalset = load_eval_set(self.data, max(self.cfg.eval.n_samples, self.cfg.eval.val_samples))
-        result = evaluate_point(self.ema.model, self.evalset, self.data, self.cfg.eval,
-                                self.run.samples / f"point-{point:g}", acc.device)
+        if self.evaluator is None:
+            self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device)
+        result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}")
         self.record_eval(point, result)
         state.evaluated_points.append(point)
         acc.wait_for_everyone()

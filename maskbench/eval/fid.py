@@ -1,0 +1,181 @@
+"""Fréchet distance between feature statistics, and clean-fid's Inception features, offline.
+
+FID = ||mu1 - mu2||^2 + tr(S1) + tr(S2) - 2 tr((S1 S2)^1/2). The statistics (mu, S) of the
+held-out real images are computed once and saved as an npz beside the dataset; each eval point
+then only extracts features of its samples. Which network made the features is recorded with the
+statistics (`features_name`), so Inception FID and the synth oracle's FD are never mixed up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+from cleanfid.downloads_helper import inception_url
+from cleanfid.resize import build_resizer
+from scipy import linalg
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+INCEPTION_FEATURES_NAME = "inception-2015-12-05-clean"
+INCEPTION_DIM = 2048
+
+
+class MissingWeights(FileNotFoundError):
+    """An evaluation weights file is not on disk; nothing is ever downloaded at run time.
+
+    The message is one line: the file to fetch and the config option that takes its path, so the
+    CLI can print it as is and exit with code 2.
+    """
+
+
+class FeatureExtractor(Protocol):
+    """What `reference_stats` needs: a name recorded with the stats, and uint8 images -> features."""
+
+    name: str
+
+    def __call__(self, images: np.ndarray | torch.Tensor) -> np.ndarray: ...
+
+
+def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:
+    """Fréchet distance between N(mu1, sigma1) and N(mu2, sigma2).
+
+    Not `cleanfid.fid.frechet_distance`: it takes `sqrtm` of the non-symmetric product S1 S2 with
+    SciPy's `disp` argument (deprecated, removed in SciPy 1.18), prints, and on the rank-deficient
+    covariances of a few hundred samples in 2048-d it needs an eps fix and returns complex parts or
+    small negatives. Here tr((S1 S2)^1/2) is computed as the sum of square roots of the eigenvalues
+    of the symmetric PSD matrix S1^1/2 S2 S1^1/2 (same spectrum as S1 S2): exact, real, no eps.
+    """
+    mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
+    sigma1, sigma2 = np.atleast_2d(sigma1).astype(np.float64), np.atleast_2d(sigma2).astype(np.float64)
+    dim = mu1.shape[0]
+    if mu2.shape != (dim,) or sigma1.shape != (dim, dim) or sigma2.shape != (dim, dim):
+        raise ValueError(
+            f"statistics do not match: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}"
+        )
+    root1 = _psd_sqrt(sigma1)
+    product_eigs = linalg.eigvalsh(root1 @ sigma2 @ root1)
+    tr_covmean = np.sqrt(np.clip(product_eigs, 0.0, None)).sum()
+    diff = mu1 - mu2
+    distance = diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_covmean
+    return max(float(distance), 0.0)  # a squared distance; only rounding can take it below 0
+
+
+def _psd_sqrt(sigma: np.ndarray) -> np.ndarray:
+    """Symmetric square root of a covariance matrix (eigenvalues below 0 are rounding: clipped)."""
+    eigvals, eigvecs = linalg.eigh((sigma + sigma.T) / 2.0)
+    return (eigvecs * np.sqrt(np.clip(eigvals, 0.0, None))) @ eigvecs.T
+
+
+@dataclass(frozen=True)
+class FeatureStats:
+    """Gaussian statistics of a feature set, and which network produced the features."""
+
+    mu: np.ndarray  # F
+    sigma: np.ndarray  # F×F
+    n: int
+    features_name: str
+
+    @classmethod
+    def from_features(cls, features: np.ndarray, features_name: str) -> FeatureStats:
+        if features.ndim != 2 or features.shape[0] < 2:
+            raise ValueError(f"need an N×F feature array with N >= 2, got shape {features.shape}")
+        features = features.astype(np.float64)
+        return cls(features.mean(axis=0), np.cov(features, rowvar=False), features.shape[0], features_name)
+
+    def frechet_distance(self, other: FeatureStats) -> float:
+        if self.features_name != other.features_name:
+            raise ValueError(f"cannot compare {self.features_name!r} features with {other.features_name!r} features")
+        return frechet_distance(self.mu, self.sigma, other.mu, other.sigma)
+
+
+def save_stats(path: str | os.PathLike, stats: FeatureStats) -> None:
+    """Write the stats as a plain npz (no pickles), e.g. beside the dataset's shards."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
+        np.savez(f, mu=stats.mu, sigma=stats.sigma, n=stats.n, features_name=stats.features_name)
+
+
+def load_stats(path: str | os.PathLike) -> FeatureStats:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no reference statistics at {path}: build them with `maskbench eval reference`")
+    with np.load(path, allow_pickle=False) as data:
+        return FeatureStats(data["mu"], data["sigma"], int(data["n"]), str(data["features_name"]))
+
+
+def reference_stats(
+    image_batches: Iterable[np.ndarray | torch.Tensor], extractor: FeatureExtractor, out_path: str | os.PathLike
+) -> FeatureStats:
+    """Statistics of held-out real images, built once and saved to `out_path`."""
+    features = np.concatenate([extractor(batch) for batch in image_batches])  # N×F
+    stats = FeatureStats.from_features(features, extractor.name)
+    save_stats(out_path, stats)
+    return stats
+
+
+def gather_features(features: np.ndarray | torch.Tensor, accelerator: Accelerator) -> np.ndarray:
+    """All ranks' features, concatenated in rank order, on every rank.
+
+    Ranks may hold different counts (the eval prompts need not split evenly), which a plain
+    all_gather cannot take: pad to the largest count, gather, then cut each rank's padding off.
+    """
+    local = torch.as_tensor(features, device=accelerator.device)  # n_rank×F
+    count = torch.tensor([local.shape[0]], device=accelerator.device)
+    counts = accelerator.gather(count).tolist()  # world
+    padded = accelerator.pad_across_processes(local, dim=0)  # max_n×F
+    gathered = accelerator.gather(padded).view(len(counts), -1, *local.shape[1:])  # world×max_n×F
+    return torch.cat([rank_rows[:n] for rank_rows, n in zip(gathered, counts)]).cpu().numpy()  # N×F
+
+
+def as_uint8_images(images: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Validate a batch of N×H×W×3 uint8 images (numpy or torch) and return it as numpy."""
+    if isinstance(images, torch.Tensor):
+        images = images.detach().cpu().numpy()
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"expected uint8 images of shape N×H×W×3, got {images.dtype} {images.shape}")
+    return images
+
+
+class InceptionFeatures:
+    """clean-fid's features in mode "clean": 2048-d pool3 of the TorchScript Inception of StyleGAN2-ADA.
+
+    clean-fid would download the weights to a fixed /tmp path; here they are loaded from a path the
+    user gives (`eval.inception_weights=PATH`), and never fetched.
+    """
+
+    name = INCEPTION_FEATURES_NAME
+
+    def __init__(self, weights_path: str | None, device: str | torch.device = "cpu", batch_size: int = 64):
+        self.check_weights(weights_path)
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        self.model = torch.jit.load(weights_path, map_location=self.device).eval()
+        self.resize = build_resizer("clean")  # PIL bicubic to 299×299 on each float channel, no re-quantising
+
+    @staticmethod
+    def check_weights(weights_path: str | None) -> None:
+        """Raise MissingWeights (one line: what to fetch, which option takes it) unless the file is there."""
+        if weights_path is None or not os.path.isfile(weights_path):
+            where = "not configured" if weights_path is None else f"not found at {weights_path}"
+            raise MissingWeights(
+                f"Inception weights {where}: download {inception_url} and pass eval.inception_weights=PATH"
+            )
+
+    @torch.no_grad()
+    def __call__(self, images: np.ndarray | torch.Tensor) -> np.ndarray:
+        images = as_uint8_images(images)
+        return np.concatenate(
+            [self._features(images[i : i + self.batch_size]) for i in range(0, len(images), self.batch_size)]
+        )
+
+    def _features(self, images: np.ndarray) -> np.ndarray:
+        """As cleanfid.inception_torchscript.InceptionV3W.forward with resize_inside=False."""
+        resized = np.stack([self.resize(image) for image in images])  # B×299×299×3 float32 in [0, 255]
+        x = torch.from_numpy(resized).permute(0, 3, 1, 2).to(self.device)  # B×3×299×299
+        x = (x - 128.0) / 128.0  # B×3×299×299 in [-1, 1]
+        return self.model.layers.forward(x).view(len(images), INCEPTION_DIM).cpu().numpy()  # B×2048

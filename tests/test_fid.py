@@ -1,0 +1,155 @@
+"""Fréchet distance, feature statistics, offline Inception loading, multi-rank gathering."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from cleanfid.fid import get_files_features
+from cleanfid.inception_torchscript import InceptionV3W
+from PIL import Image
+from scipy import linalg
+from torch import nn
+
+from maskbench.eval.fid import (
+    FeatureStats,
+    InceptionFeatures,
+    MissingWeights,
+    frechet_distance,
+    load_stats,
+    reference_stats,
+    save_stats,
+)
+
+
+def scipy_fd(a: np.ndarray, b: np.ndarray) -> float:
+    """The textbook formula with scipy's sqrtm, as an independent reference."""
+    mu1, mu2, s1, s2 = a.mean(0), b.mean(0), np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    return float(((mu1 - mu2) ** 2).sum() + np.trace(s1) + np.trace(s2) - 2 * np.trace(linalg.sqrtm(s1 @ s2).real))
+
+
+def test_frechet_distance_matches_scipy_sqrtm():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(400, 32))
+    b = rng.normal(size=(300, 32)) @ rng.normal(size=(32, 32)) * 0.5 + 0.3
+    ours = frechet_distance(a.mean(0), np.cov(a, rowvar=False), b.mean(0), np.cov(b, rowvar=False))
+    assert ours == pytest.approx(scipy_fd(a, b), rel=1e-6)
+    assert ours > 1.0
+
+
+def test_frechet_distance_rank_deficient_is_real_and_zero_on_itself():
+    """Fewer samples than dimensions (256 samples of 2048-d Inception features at eval)."""
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(20, 64)), rng.normal(size=(20, 64))
+    s = np.cov(a, rowvar=False)
+    assert frechet_distance(a.mean(0), s, a.mean(0), s) == pytest.approx(0.0, abs=1e-8)
+    assert frechet_distance(a.mean(0), s, b.mean(0), np.cov(b, rowvar=False)) == pytest.approx(scipy_fd(a, b), rel=1e-6)
+
+
+def test_frechet_distance_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="do not match"):
+        frechet_distance(np.zeros(3), np.eye(3), np.zeros(4), np.eye(4))
+
+
+def test_stats_roundtrip_and_feature_name_guard(tmp_path):
+    rng = np.random.default_rng(2)
+    stats = FeatureStats.from_features(rng.normal(size=(50, 8)), "oracle-synth-v1")
+    path = tmp_path / "stats" / "ref.npz"
+    save_stats(path, stats)
+    loaded = load_stats(path)
+    assert loaded.n == 50 and loaded.features_name == "oracle-synth-v1"
+    np.testing.assert_array_equal(loaded.sigma, stats.sigma)
+    assert loaded.frechet_distance(stats) == pytest.approx(0.0, abs=1e-9)
+    other = FeatureStats(stats.mu, stats.sigma, 50, "inception-2015-12-05-clean")
+    with pytest.raises(ValueError, match="cannot compare"):
+        stats.frechet_distance(other)
+
+
+class _TinyLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, kernel_size=13, stride=13)
+        self.fc = nn.Linear(16, 2048)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean((2, 3)))[:, :, None, None]  # B×2048×1×1 like pool3
+
+
+class _TinyInception(nn.Module):
+    """Same TorchScript interface as inception-2015-12-05.pt: a `layers` submodule on 299×299 inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = _TinyLayers()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+@pytest.fixture
+def tiny_inception(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "inception-2015-12-05.pt"
+    torch.jit.script(_TinyInception()).save(str(path))
+    return path
+
+
+def test_inception_features_match_clean_fid_pipeline(tiny_inception, tmp_path):
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, size=(5, 32, 32, 3), dtype=np.uint8)
+    files = []
+    for i, image in enumerate(images):
+        files.append(tmp_path / f"{i}.png")
+        Image.fromarray(image).save(files[-1])
+    clean_fid_model = InceptionV3W(str(tmp_path), download=False)
+    expected = get_files_features(
+        files, model=clean_fid_model, num_workers=0, batch_size=2, device="cpu", mode="clean", verbose=False
+    )
+
+    ours = InceptionFeatures(str(tiny_inception), device="cpu", batch_size=2)(torch.from_numpy(images))
+    assert ours.shape == (5, 2048)
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+    stats = reference_stats([images[:3], images[3:]], InceptionFeatures(str(tiny_inception)), tmp_path / "ref.npz")
+    assert stats.n == 5 and load_stats(tmp_path / "ref.npz").features_name == "inception-2015-12-05-clean"
+
+
+@pytest.mark.parametrize("path", [None, "/nonexistent/inception-2015-12-05.pt"])
+def test_missing_inception_weights_names_file_and_option(path):
+    with pytest.raises(MissingWeights) as info:
+        InceptionFeatures(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "inception-2015-12-05.pt" in message and "eval.inception_weights=PATH" in message
+    assert message.count("https://") == 1
+
+
+def test_inception_rejects_float_images(tiny_inception):
+    with pytest.raises(ValueError, match="uint8"):
+        InceptionFeatures(str(tiny_inception))(np.zeros((1, 32, 32, 3), np.float32))
+
+
+GATHER_SCRIPT = """
+import numpy as np, sys
+from accelerate import Accelerator
+from maskbench.eval.fid import gather_features
+acc = Accelerator(cpu=True)
+rank = acc.process_index
+local = np.full((3 - rank, 4), rank, dtype=np.float32)  # uneven: rank 0 has 3 rows, rank 1 has 2
+gathered = gather_features(local, acc)
+if rank == 0:
+    np.save(sys.argv[1], gathered)
+"""
+
+
+def test_gather_features_two_ranks_uneven(tmp_path):
+    script = tmp_path / "gather.py"
+    script.write_text(textwrap.dedent(GATHER_SCRIPT))
+    out = tmp_path / "gathered.npy"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [*torchrun, str(script), str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    gathered = np.load(out)
+    np.testing.assert_array_equal(gathered[:, 0], [0, 0, 0, 1, 1])

@@ -1,0 +1,169 @@
+"""The leaderboard CSV: concurrent appends, typed round trip, malformed rows, reference rows, CLI entry."""
+
+import csv
+import logging
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from maskbench.results.leaderboard import COLUMNS, append_rows, leaderboard_main, read_rows
+
+REPO = Path(__file__).resolve().parents[1]
+N_PROCESSES, ROWS_EACH, BATCH = 8, 50, 10
+
+
+def measured(run_id: str = "r0", **values) -> dict:
+    """A minimal valid measured row."""
+    return {"run_id": run_id, "arm": "mask0", "dataset": "synth", "model": "tiny",
+            "budget_flops": 1e12, "point": 1.0, "seed": 0, **values}
+
+
+def _append_in_batches(csv_path: str, writer: int, barrier) -> None:
+    """Child process: 5 appends of 10 long rows, started together with the others. A ~20 kB batch
+    takes several write() calls, which can interleave mid-row unless the lock serialises appends."""
+    barrier.wait()
+    for start in range(0, ROWS_EACH, BATCH):
+        append_rows(csv_path, [measured(f"w{writer}-{i}", seed=writer, step=i, fid=100.0 + i,
+                                        phases="0.75:0.75,0.0:0.25," * 100)
+                               for i in range(start, start + BATCH)])
+
+
+def test_concurrent_appends_leave_every_row_whole(tmp_path):
+    csv_path = str(tmp_path / "board.csv")
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(N_PROCESSES)
+    workers = [ctx.Process(target=_append_in_batches, args=(csv_path, w, barrier))
+               for w in range(N_PROCESSES)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    with open(csv_path, newline="") as f:
+        records = list(csv.reader(f))
+    assert records[0] == list(COLUMNS)
+    assert sum(record == list(COLUMNS) for record in records) == 1
+    assert all(len(record) == len(COLUMNS) for record in records)
+    rows = read_rows([csv_path], on_error="abort")
+    assert len(rows) == N_PROCESSES * ROWS_EACH
+    expected = {f"w{w}-{i}" for w in range(N_PROCESSES) for i in range(ROWS_EACH)}
+    assert {row["run_id"] for row in rows} == expected
+
+
+def test_append_waits_for_the_lock_held_by_another_writer(tmp_path):
+    path = tmp_path / "board.csv"
+    with FileLock(f"{path}.lock"):
+        writer = threading.Thread(target=append_rows, args=(path, [measured()]))
+        writer.start()
+        writer.join(timeout=0.5)
+        assert writer.is_alive() and not path.exists()
+    writer.join(timeout=30)
+    assert [row["run_id"] for row in read_rows([path])] == ["r0"]
+
+
+def test_round_trip_is_typed_and_missing_keys_are_empty(tmp_path):
+    path = tmp_path / "nested" / "board.csv"
+    append_rows(path, [measured(step=881, train_flops=1.74e13, fid=271.25, device="cpu")])
+    append_rows(path, [measured("r1", fid=None)])
+    first, second = read_rows([path])
+    assert first["step"] == 881 and isinstance(first["step"], int)
+    assert first["train_flops"] == 1.74e13 and first["fid"] == 271.25
+    assert first["device"] == "cpu" and first["clip_score"] is None and first["source"] is None
+    assert second["fid"] is None
+    assert path.read_text().count("run_id,") == 1
+
+
+def test_append_rejects_unknown_keys_and_bad_types_before_writing(tmp_path):
+    path = tmp_path / "board.csv"
+    with pytest.raises(ValueError, match="unknown leaderboard column.*fid_score"):
+        append_rows(path, [measured(fid_score=3.0)])
+    with pytest.raises(ValueError, match="'step': expected an integer"):
+        append_rows(path, [measured(step=1.5)])
+    with pytest.raises(ValueError, match="empty required column.*budget_flops"):
+        append_rows(path, [measured(budget_flops=None)])
+    assert not path.exists()
+
+
+def test_append_refuses_a_file_with_another_header(tmp_path):
+    path = tmp_path / "old.csv"
+    path.write_text("run_id,arm\nr0,mask0\n")
+    with pytest.raises(ValueError, match="different header"):
+        append_rows(path, [measured()])
+
+
+def _good_line(run_id: str, fid: str = "50.0") -> list[str]:
+    cells = dict.fromkeys(COLUMNS, "")
+    cells.update(run_id=run_id, arm="mask0", dataset="synth", model="tiny", budget_flops="1e12",
+                 point="1.0", seed="0", fid=fid)
+    return [cells[column] for column in COLUMNS]
+
+
+def test_malformed_rows_are_reported_with_file_and_line(tmp_path, caplog):
+    path = tmp_path / "board.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        writer.writerow(_good_line("ok0"))            # line 2
+        writer.writerow(_good_line("short")[:10])     # line 3: truncated by a crash
+        writer.writerow(_good_line("badfid", "abc"))  # line 4
+        writer.writerow(_good_line("nanfid", "nan"))  # line 5
+        writer.writerow(_good_line("ok1"))            # line 6
+    with caplog.at_level(logging.WARNING):
+        rows = read_rows([path])
+    assert [row["run_id"] for row in rows] == ["ok0", "ok1"]
+    assert f"{path}:3: expected {len(COLUMNS)} fields, got 10" in caplog.text
+    assert f"{path}:4: column 'fid': expected a finite number, got 'abc'" in caplog.text
+    assert f"{path}:5:" in caplog.text
+    with pytest.raises(ValueError, match=f"^{path}:3: "):
+        read_rows([path], on_error="abort")
+
+
+def test_a_foreign_header_is_one_error_at_line_one(tmp_path, caplog):
+    path = tmp_path / "other.csv"
+    path.write_text("run_id,arm,colour\nr0,mask0,red\n")
+    with caplog.at_level(logging.WARNING):
+        assert read_rows([path]) == []
+    assert f"{path}:1: header does not match" in caplog.text and "colour" in caplog.text
+
+
+def test_read_rows_merges_files_with_any_column_order(tmp_path):
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    append_rows(first, [measured("a0")])
+    with open(second, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(reversed(COLUMNS))
+        writer.writerow(reversed(_good_line("b0", "12.5")))
+    rows = read_rows([first, second])
+    assert [(row["run_id"], row["fid"]) for row in rows] == [("a0", None), ("b0", 12.5)]
+
+
+def test_reference_csv_parses_and_cites_every_row():
+    rows = read_rows([REPO / "results" / "reference.csv"], on_error="abort")
+    by_id = {row["run_id"]: row for row in rows}
+    assert all(row["source"] for row in rows)
+    dit = {by_id[f"ref-dit-{size}-400k"]["fid"] for size in ("s2", "b2", "l2", "xl2")}
+    assert dit == {68.4, 43.5, 23.3, 19.5}
+    assert all(by_id[f"ref-dit-{size}-400k"]["train_flops"] is None for size in ("s2", "b2", "l2", "xl2"))
+    assert by_id["ref-microdit-coco"]["fid"] == 12.66
+    assert by_id["ref-maskdit-in256"]["fid"] == 2.28
+    issue10 = by_id["ref-microdiffusion-issue10"]
+    assert issue10["fid"] is None and "issue #10" in issue10["source"]
+
+
+def test_leaderboard_main_prints_plots_and_reports_bad_input(tmp_path, capsys):
+    board = tmp_path / "board.csv"
+    append_rows(board, [measured(f"{arm}-{seed}", arm=arm, seed=seed, fid=fid + seed, train_flops=1e12,
+                                 gpu_hours=0.1, fid_features="oracle-synth-v1")
+                        for arm, fid in (("mask0", 300.0), ("mask75", 200.0)) for seed in (0, 1)])
+    plot = tmp_path / "plots" / "board.png"
+    reference = REPO / "results" / "reference.csv"
+    assert leaderboard_main([str(board), str(reference)], "markdown", str(plot), "mask0", "skip") == 0
+    out = capsys.readouterr().out
+    assert "| mask75 |" in out and "oracle-synth-v1" in out and "DiT-XL/2" in out
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert leaderboard_main([str(tmp_path / "missing.csv")], "table", None, "mask0", "skip") == 2
+    assert leaderboard_main([str(board)], "html", None, "mask0", "skip") == 2
+    assert "unknown format 'html'" in capsys.readouterr().err

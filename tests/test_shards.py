@@ -1,0 +1,275 @@
+"""Canonical shard writer, manifest, safe decoding and the deterministic, resumable loader."""
+
+import hashlib
+import io
+import itertools
+import json
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from maskbench.data.shards import (
+    FORMAT,
+    BadSample,
+    CanonicalShardWriter,
+    TooManyBadSamples,
+    decode_image,
+    decode_image_caption,
+    decode_npy,
+    decode_text,
+    make_loader,
+    read_manifest,
+    shard_urls,
+)
+from maskbench.data.synth import write_synth
+
+PNG = (np.arange(4 * 5 * 3) * 7 % 256).astype(np.uint8).reshape(4, 5, 3)
+
+
+def png_bytes(image: np.ndarray = PNG) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def good_members(key: str) -> list[tuple[str, bytes]]:
+    return [(f"{key}.json", b"{}"), (f"{key}.png", png_bytes()), (f"{key}.txt", f"caption {key}".encode())]
+
+
+def write_tar(path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def raw_shard_dir(root, tars: dict[str, list[tuple[str, bytes]]]):
+    """A shard dir of hand-made (possibly broken) tars, with a manifest listing them."""
+    root.mkdir()
+    for name, members in tars.items():
+        write_tar(root / name, members)
+    shards = [{"name": name, "count": 0, "sha256": "", "bytes": 0} for name in tars]
+    (root / "manifest.json").write_text(json.dumps({"format": FORMAT, "shards": shards, "total": 1}))
+    return root
+
+
+def take(loader, n: int) -> list[dict]:
+    return list(itertools.islice(loader, n))
+
+
+def keys(batches: list[dict]) -> list[list[str]]:
+    return [b["key"] for b in batches]
+
+
+@pytest.fixture(scope="module")
+def synth_train(tmp_path_factory):
+    return write_synth(tmp_path_factory.mktemp("synth") / "d", n_train=96, n_val=8, shard_size=32) / "train"
+
+
+LOADER = dict(batch_size=4, seed=0, shuffle_buffer=16)
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+def test_writer_writes_canonical_samples_and_manifest(tmp_path):
+    out = tmp_path / "shards"
+    with CanonicalShardWriter(out, source="test", packer_version="t1", filters={"min_side": 4}, maxcount=2) as writer:
+        for i in range(5):
+            extra = {"latent.npy": b"\x93NUMPY"} if i == 0 else None
+            writer.write(f"{i:09d}", png_bytes(), "png", f"caption {i}", {"width": 5, "height": 4, "score": i}, extra)
+        writer.skip("too_small", 3)
+        writer.skip("empty_caption")
+    manifest = read_manifest(out)
+    assert manifest["format"] == FORMAT and manifest["source"] == "test" and manifest["packer_version"] == "t1"
+    assert manifest["filters"] == {"min_side": 4}
+    assert manifest["total"] == 5 and manifest["skipped"] == {"empty_caption": 1, "too_small": 3}
+    assert [s["name"] for s in manifest["shards"]] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert [s["count"] for s in manifest["shards"]] == [2, 2, 1]
+    for shard, url in zip(manifest["shards"], shard_urls(out)):
+        data = open(url, "rb").read()
+        assert shard["sha256"] == hashlib.sha256(data).hexdigest() and shard["bytes"] == len(data)
+    with tarfile.open(shard_urls(out)[0]) as tar:
+        names = tar.getnames()
+        assert names == ["000000000.json", "000000000.latent.npy", "000000000.png", "000000000.txt"] + [
+            "000000001.json", "000000001.png", "000000001.txt"
+        ]
+        meta = json.loads(tar.extractfile("000000001.json").read())
+        assert meta == {"source": "test", "id": "000000001", "width": 5, "height": 4, "score": 1}
+        assert tar.extractfile("000000001.txt").read() == b"caption 1"
+        assert tar.extractfile("000000001.png").read() == png_bytes()
+
+
+def test_writer_rejects_bad_input_and_leaves_no_manifest_on_error(tmp_path):
+    meta = {"width": 5, "height": 4}
+    with pytest.raises(RuntimeError, match="boom"):
+        with CanonicalShardWriter(tmp_path / "a", source="t", packer_version="1", filters={}) as writer:
+            for bad in (
+                dict(key="a.b"),
+                dict(image_ext="gif"),
+                dict(caption="  "),
+                dict(meta={"width": 5}),
+                dict(meta={**meta, "id": "x"}),
+                dict(extra={"txt": b"x"}),
+            ):
+                args = dict(key="k", image_bytes=png_bytes(), image_ext="png", caption="c", meta=meta) | bad
+                with pytest.raises(ValueError):
+                    writer.write(**args)
+            writer.write("k", png_bytes(), "png", "c", meta)
+            raise RuntimeError("boom")
+    assert not (tmp_path / "a" / "manifest.json").exists()
+    with pytest.raises(ValueError, match="already holds shards"):
+        CanonicalShardWriter(tmp_path / "a", source="t", packer_version="1", filters={})
+    with pytest.raises(ValueError, match="no shard manifest"):
+        read_manifest(tmp_path / "a")
+    with pytest.raises(ValueError, match="no shard manifest"):
+        shard_urls(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def test_decode_image_caption_maps_pixels_to_unit_range():
+    sample = {"__key__": "k", "png": png_bytes(), "txt": b" a caption \n", "json": b"{}"}
+    out = decode_image_caption(sample)
+    assert out["caption"] == "a caption" and out["key"] == "k"
+    assert out["image"].shape == (3, 4, 5) and out["image"].dtype == torch.float32
+    assert torch.equal(((out["image"] + 1) * 127.5).round().to(torch.uint8), torch.from_numpy(PNG).permute(2, 0, 1))
+
+
+@pytest.mark.parametrize(
+    "sample, reason",
+    [
+        ({"__key__": "k", "txt": b"c"}, "missing_image"),
+        ({"__key__": "k", "png": png_bytes()}, "missing_caption"),
+        ({"__key__": "k", "png": png_bytes(), "txt": b" \n"}, "empty_caption"),
+        ({"__key__": "k", "png": png_bytes(), "txt": b"\xff\xfe"}, "non_utf8_text"),
+        ({"__key__": "k", "png": png_bytes()[:30], "txt": b"c"}, "undecodable_image"),
+        ({"__key__": "k", "jpg": b"GIF89a....", "txt": b"c"}, "undecodable_image"),
+    ],
+)
+def test_decode_image_caption_names_what_is_wrong(sample, reason):
+    with pytest.raises(BadSample) as info:
+        decode_image_caption(sample)
+    assert info.value.reason == reason
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_decoders_refuse_pickled_arrays_and_oversized_images(monkeypatch):
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(BadSample, match="bad_npy"):
+        decode_npy(buffer.getvalue())
+    buffer = io.BytesIO()
+    np.save(buffer, np.ones((2, 3), dtype=np.float16))
+    assert decode_npy(buffer.getvalue()).shape == (2, 3)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 19)
+    with pytest.raises(BadSample, match="image_too_large"):
+        decode_image(png_bytes())
+    assert decode_text("héllo".encode()) == "héllo"
+
+
+# ----------------------------------------------------------------------------- loader
+
+
+def test_loader_yields_collated_batches_deterministically(synth_train):
+    batches = take(make_loader(synth_train, **LOADER), 6)
+    assert batches[0]["image"].shape == (4, 3, 32, 32) and -1.0 <= batches[0]["image"].min() < 0.0
+    assert all(isinstance(c, str) and c.startswith("a ") for c in batches[0]["caption"])
+    again = take(make_loader(synth_train, **LOADER), 6)
+    assert keys(batches) == keys(again)
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(batches, again))
+    other_seed = take(make_loader(synth_train, **{**LOADER, "seed": 1}), 6)
+    other_rank = take(make_loader(synth_train, **LOADER, rank=1, world_size=2), 6)
+    assert keys(other_seed) != keys(batches) and keys(other_rank) != keys(batches)
+    assert len({k for b in batches for k in b["key"]}) > 12  # a shuffled mix, not one shard in order
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_gives_the_batches_of_an_uninterrupted_run(synth_train, num_workers):
+    full = take(make_loader(synth_train, **LOADER, num_workers=num_workers), 7)
+    resumed = take(make_loader(synth_train, **LOADER, num_workers=num_workers, start_step=3), 4)
+    assert keys(resumed) == keys(full[3:])
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(resumed, full[3:]))
+    assert [b["data_stats"] for b in resumed] == [b["data_stats"] for b in full[3:]]
+    assert [b["data_stats"]["stream"] for b in full] == [i % max(num_workers, 1) for i in range(7)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_corrupt_samples_are_skipped_and_counted(tmp_path, num_workers):
+    good = [m for i in range(12) for m in good_members(f"g{i:02d}")]
+    truncated = tmp_path / "t.tar"
+    write_tar(truncated, [m for i in range(12) for m in good_members(f"t{i:02d}")])
+    bad = (
+        good_members("b0")[:1] + [("b0.png", b"not an image"), ("b0.txt", b"c")]
+        + good_members("b1")[:2] + [("b1.txt", b"   ")]
+        + good_members("b2")[:2] + [("b2.txt", b"\xff\xfe caption")]
+        + good_members("b3")[:2]  # no caption
+        + good_members("b4") + good_members("b5") + good_members("b4")  # b4 again: duplicate key
+    )
+    shard_dir = raw_shard_dir(
+        tmp_path / "shards",
+        {"good.tar": good, "bad.tar": bad, "cut.tar": []},
+    )
+    (shard_dir / "cut.tar").write_bytes(truncated.read_bytes()[: 3 * 1024 * 5 + 700])  # cut inside sample 6
+    loader = make_loader(shard_dir, **LOADER, num_workers=num_workers, max_bad_fraction=0.5)
+    batches = take(loader, 40)
+    delivered = {k for b in batches for k in b["key"]}
+    assert delivered <= {f"g{i:02d}" for i in range(12)} | {f"t{i:02d}" for i in range(5)} | {"b4", "b5"}
+    assert {"g00", "t00", "b4", "b5"} <= delivered  # the first b4 is fine; its repeat is the duplicate
+    assert set(loader.bad_counts()) == {
+        "undecodable_image", "empty_caption", "non_utf8_text", "missing_caption", "duplicate_key", "truncated_tar"
+    }
+    assert sum(loader.bad_counts().values()) < loader.seen()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_too_many_bad_samples_stops_the_run(tmp_path, num_workers):
+    members = [m for i in range(20) for m in good_members(f"g{i:02d}")[:2] + [(f"g{i:02d}.txt", b"")]]
+    members += good_members("ok")
+    shard_dir = raw_shard_dir(tmp_path / "shards", {"empty.tar": members})
+    loader = make_loader(shard_dir, **LOADER, num_workers=num_workers, max_bad_fraction=0.2, min_samples=30)
+    with pytest.raises(TooManyBadSamples, match="empty_caption"):
+        take(loader, 5)
+
+
+class CreatesMarker:
+    """A pickle payload whose loading creates a file: the proof that something unpickled it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_pickle_members_are_never_unpickled(tmp_path):
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(CreatesMarker(str(marker)))
+    members = [m for i in range(8) for m in good_members(f"g{i}") + [(f"g{i}.pickle", payload), (f"g{i}.pyd", payload)]]
+    shard_dir = raw_shard_dir(tmp_path / "shards", {"p.tar": members})
+
+    def keep_raw(sample: dict) -> dict:
+        return {**decode_image_caption(sample), "pickle": sample["pickle"], "pyd": sample["pyd"]}
+
+    for decode in (decode_image_caption, keep_raw):
+        batches = take(make_loader(shard_dir, **LOADER, decode=decode), 3)
+        assert len(batches) == 3
+    assert batches[0]["pickle"] == [payload] * 4 and batches[0]["pyd"] == [payload] * 4  # still bytes
+    assert not marker.exists()
+    pickle.loads(payload)  # the control: this payload does act when unpickled
+    assert marker.exists()
+
+
+def test_make_loader_rejects_bad_arguments(synth_train, tmp_path):
+    with pytest.raises(ValueError, match="rank"):
+        make_loader(synth_train, batch_size=4, seed=0, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="max_bad_fraction"):
+        make_loader(synth_train, batch_size=4, seed=0, max_bad_fraction=1.0)
+    with pytest.raises(ValueError, match="no shard manifest"):
+        make_loader(tmp_path / "nothing", batch_size=4, seed=0)
