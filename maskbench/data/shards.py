@@ -17,15 +17,16 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import tarfile
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-import torch
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
@@ -35,7 +36,7 @@ from webdataset.tariterators import base_plus_ext, tar_file_iterator
 FORMAT = "maskbench-shards-v1"
 IMAGE_EXTS = ("png", "jpg", "webp")
 PIL_FORMATS = ("PNG", "JPEG", "WEBP")  # the only decoders PIL may try on shard bytes
-TAR_MTIME = 0  # an int (a float adds a PAX header per member); fixed member mtime, so the same samples give byte-identical shards (stable sha256)
+TAR_MTIME = 0  # fixed, so the same samples give byte-identical shards; an int (a float adds PAX headers)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -110,7 +111,7 @@ class CanonicalShardWriter:
     ) -> None:
         """Append one sample; meta must hold int `width` and `height` and becomes KEY.json with source/id."""
         if not key or "." in key or "/" in key:
-            raise ValueError(f"sample key must be non-empty without '.' or '/' (webdataset splits on them); got {key!r}")
+            raise ValueError(f"sample key must be non-empty, without '.' or '/' (webdataset splits there); got {key!r}")
         if image_ext not in IMAGE_EXTS:
             raise ValueError(f"image_ext must be one of {IMAGE_EXTS}; got {image_ext!r}")
         if not caption.strip():
@@ -294,16 +295,20 @@ def _read_samples(shards: Iterator[dict], counter: BadSampleCounter) -> Iterator
         yield from _shard_samples(shard["url"], counter)
 
 
-def _decode_samples(samples: Iterator[dict], decode: Callable[[dict], dict | None], counter: BadSampleCounter):
+def _decode_samples(
+    samples: Iterator[dict], decode: Callable[[dict], dict | None], counter: BadSampleCounter
+) -> Iterator[dict]:
     for sample in samples:
         try:
             decoded = decode(sample)
         except BadSample as bad:
             counter.add(bad.reason)
             continue
-        counter.add(None if decoded is not None else "rejected_by_decode")
-        if decoded is not None:
-            yield decoded
+        if decoded is None:
+            counter.add("rejected_by_decode")
+            continue
+        counter.add()
+        yield decoded
 
 
 def _with_stats(batches: Iterator[dict], counter: BadSampleCounter, stream: int) -> Iterator[dict]:
@@ -313,6 +318,7 @@ def _with_stats(batches: Iterator[dict], counter: BadSampleCounter, stream: int)
         yield batch
 
 
+@dataclass
 class _ShardStream(IterableDataset):
     """One rank's batches; each DataLoader worker builds its own deterministic stream on iteration.
 
@@ -322,19 +328,21 @@ class _ShardStream(IterableDataset):
     stream made before step s: the resumed run then yields exactly batches s, s+1, ...
     """
 
-    def __init__(self, urls: list[str], *, batch_size: int, seed: int, rank: int, start_step: int,
-                 decode: Callable[[dict], dict | None], max_bad_fraction: float, min_samples: int,
-                 shuffle_buffer: int) -> None:
-        super().__init__()
-        self.urls, self.batch_size, self.seed, self.rank, self.start_step = urls, batch_size, seed, rank, start_step
-        self.decode, self.max_bad_fraction, self.min_samples = decode, max_bad_fraction, min_samples
-        self.shuffle_buffer = shuffle_buffer
+    urls: list[str]
+    batch_size: int
+    seed: int
+    rank: int
+    start_step: int
+    decode: Callable[[dict], dict | None]
+    max_bad_fraction: float
+    min_samples: int
+    shuffle_buffer: int
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         stream = (worker + self.start_step) % n_workers
-        skip = max(0, -(-(self.start_step - stream) // n_workers))  # batches i < start_step with i % W == stream
+        skip = max(0, math.ceil((self.start_step - stream) / n_workers))  # batches i < start_step, i % W == stream
         shard_seed, shuffle_seed = np.random.SeedSequence([self.seed, self.rank, stream]).generate_state(2)
         counter = BadSampleCounter(self.max_bad_fraction, self.min_samples)
         pipeline = wds.DataPipeline(

@@ -228,7 +228,7 @@ def write_synth(
         if _is_complete(out, expected):
             return out
         if out.exists():
-            raise ValueError(f"{out} exists but is not a synth dataset with these parameters; remove it or use another dir")
+            raise ValueError(f"{out} is not a synth dataset with these parameters; remove it or pick another dir")
         streams = np.random.SeedSequence(seed).spawn(len(expected))
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.tmp-") as tmp:
             staging = Path(tmp) / out.name
