@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 from maskbench.config import ConfigError, format_arm, known_arms, load_config
+from maskbench.data.encode import add_encode_arguments
+from maskbench.data.pack import add_pack_arguments
+from maskbench.data.verify import add_verify_arguments
 
 EXAMPLES = """examples:
   maskbench run arm=mask75_then0                 train one arm on the embedded default
@@ -64,6 +67,62 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    if args.target == "reference":
+        return cmd_eval_reference(args.rest)
+    from omegaconf import OmegaConf
+
+    from maskbench.config import RunConfig, load_run_config, validate
+    from maskbench.eval.fid import MissingWeights
+    from maskbench.eval.reevaluate import evaluate_run
+
+    try:
+        cfg = load_run_config(args.target)
+        bad = [o for o in args.rest if not o.startswith(("eval.", "paths."))]
+        if bad:
+            raise ConfigError(f"only eval.* and paths.* can change when re-evaluating; got {bad[0]!r}")
+        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(args.rest))
+        cfg = OmegaConf.to_object(merged)
+        validate(cfg)
+        rows = evaluate_run(args.target, args.point, overrides=cfg)
+    except (ConfigError, ValueError, MissingWeights) as err:
+        return fail(str(err).splitlines()[0])
+    for row in rows:
+        metrics = ", ".join(f"{k} {row[k]:.4g}" for k in ("val_loss", "fid", "align_acc", "clip_score")
+                            if row.get(k) is not None)
+        print(f"point {row['point']:g} (step {row['step']}): {metrics}")
+    return 0
+
+
+def cmd_eval_reference(argv: list[str]) -> int:
+    from maskbench.eval.fid import MissingWeights
+    from maskbench.eval.reference import build_reference
+
+    parser = argparse.ArgumentParser(prog="maskbench eval reference",
+                                     description="Build FID reference statistics (Inception, clean-fid mode "
+                                                 "'clean') from held-out real images: a shard dir or a folder.")
+    parser.add_argument("src", type=Path, help="held-out images: a shard dir (with manifest.json) or a folder")
+    parser.add_argument("--inception-weights", required=True, metavar="PT",
+                        help="local inception-2015-12-05.pt (clean-fid's TorchScript Inception)")
+    parser.add_argument("--out", type=Path, help="npz to write (default: SRC/inception_stats.npz)")
+    parser.add_argument("--size", type=int, help="resize images to SIZE×SIZE first (the training resolution)")
+    parser.add_argument("--limit", type=int, help="use the first N images only")
+    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    args = parser.parse_args(argv)
+    try:
+        stats = build_reference(args.src, args.out or args.src / "inception_stats.npz", args.inception_weights,
+                                args.size, args.limit, args.device)
+    except (ValueError, MissingWeights) as err:
+        return fail(str(err))
+    print(f"reference statistics of {stats.n} images ({stats.features_name}) -> {args.out or args.src / 'inception_stats.npz'}")
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from maskbench.results.leaderboard import leaderboard_main
 
@@ -98,6 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="data overrides, e.g. data.n_train=100000 paths.data=/scratch/data")
     synth.set_defaults(func=cmd_data_synth)
+    add_pack_arguments(data_sub)
+    add_verify_arguments(data_sub)
+    add_encode_arguments(data_sub)
+
+    evaluate = sub.add_parser("eval", help="(re)evaluate a run's checkpoints, or build FID reference statistics",
+                              description="maskbench eval RUN_DIR [--point P ...] [eval.key=value ...]: evaluate the "
+                                          "run's eval-point checkpoints (default: all) and append leaderboard rows.\n"
+                                          "maskbench eval reference SRC --inception-weights PT: build FID reference "
+                                          "statistics (see `maskbench eval reference --help`).",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    evaluate.add_argument("target", metavar="RUN_DIR|reference")
+    evaluate.add_argument("--point", type=float, action="append", help="eval point(s) to evaluate, e.g. 1.0")
+    evaluate.add_argument("rest", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
+                          help="eval.* / paths.* overrides (e.g. eval.n_samples=1000)")
+    evaluate.set_defaults(func=cmd_eval)
 
     board = sub.add_parser("leaderboard", help="compare arms: mean ± 95%% CI per eval point, compute-to-target, "
                                                "Welch's test, plots",

@@ -185,6 +185,18 @@ def load_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     return cfg
 
 
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """The resolved config a run recorded in its directory (what `eval` and `repro` rebuild it from)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    try:
+        cfg: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{path}: {_one_line(err)}") from None
+    return cfg
+
+
 def _one_line(err: Exception) -> str:
     text = str(err).strip()
     first = text.splitlines()[0] if text else type(err).__name__

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maskbench.config import ConfigError, DataConfig
-from maskbench.data.shards import read_manifest
+from maskbench.data.shards import decode_image_caption, decode_latent_text, read_manifest
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,10 @@ class DatasetInfo:
     latent: bool          # True: KEY.latent.npy + KEY.txtemb.npy; False: image + caption
     context_dim: int      # text embedding width (0 = the model's own synth text encoder)
     context_len: int
+
+    def decode(self, sample: dict) -> dict:
+        """The shard decoder for this data: image + caption, or latent + text embedding."""
+        return decode_latent_text(sample) if self.latent else decode_image_caption(sample)
 
 
 def synth_dir(cfg: DataConfig, data_root: str | Path) -> Path:

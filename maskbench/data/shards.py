@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import torch
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
@@ -240,6 +241,23 @@ def decode_image_caption(sample: dict) -> dict:
         raise BadSample("empty_caption")
     pixels = pil_to_tensor(decode_image(sample[image_field]))  # 3×H×W uint8
     return {"image": pixels.float() / 127.5 - 1.0, "caption": caption, "key": sample["__key__"]}
+
+
+def decode_latent_text(sample: dict) -> dict:
+    """Decode for latent shards (`maskbench data encode`): the latent takes the image's place.
+
+    {"image": C×h×w float latent, "txtemb": T×D float, "txtmask": T bool (True up to the caption's
+    token count, so padding after the end token is not attended), "caption": str, "key": str}.
+    """
+    if "latent.npy" not in sample or "txtemb.npy" not in sample:
+        raise BadSample("missing_latent")
+    latent = torch.from_numpy(decode_npy(sample["latent.npy"]).astype(np.float32))   # C×h×w
+    text = torch.from_numpy(decode_npy(sample["txtemb.npy"]).astype(np.float32))     # T×D
+    meta = decode_json(sample["json"]) if "json" in sample else {}
+    n_tokens = int(meta.get("text_tokens", text.shape[0]))
+    caption = decode_text(sample["txt"]).strip() if "txt" in sample else ""
+    return {"image": latent, "txtemb": text, "txtmask": torch.arange(text.shape[0]) < max(n_tokens, 1),
+            "caption": caption, "key": sample["__key__"]}
 
 
 # ----------------------------------------------------------------------------- loading

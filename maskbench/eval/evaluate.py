@@ -8,7 +8,6 @@ sampling. Two arms evaluated at the same point therefore see byte-identical inpu
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +20,10 @@ from torchvision.utils import make_grid
 
 from maskbench.config import EvalConfig
 from maskbench.data.dataset import DatasetInfo
-from maskbench.data.shards import BadSample, decode_image_caption, read_manifest, shard_urls
+from maskbench.data.shards import BadSample, read_manifest, shard_urls
 from maskbench.data.synth import scene_from_json
 from maskbench.eval.clip import ClipScorer, clip_metrics, resolve_pretrained
-from maskbench.eval.fid import FeatureStats, InceptionFeatures, load_stats, save_stats
+from maskbench.eval.fid import FeatureStats, InceptionFeatures, load_stats, reference_stats
 from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
 from maskbench.models.build import batch_context
@@ -37,28 +36,29 @@ class EvalSet:
     images: torch.Tensor        # N×C×H×W in [-1, 1] (or latents)
     captions: list[str]
     meta: list[dict]
+    text: dict                  # latent data: {"txtemb": N×T×D, "txtmask": N×T}; synth: {}
 
     def batch(self, start: int, stop: int) -> dict:
-        return {"image": self.images[start:stop], "caption": self.captions[start:stop]}
+        return {"image": self.images[start:stop], "caption": self.captions[start:stop],
+                **{name: value[start:stop] for name, value in self.text.items()}}
 
 
 def load_eval_set(data: DatasetInfo, n: int) -> EvalSet:
     """Read the held-out split sequentially (no shuffling, no resampling) and keep the first n samples."""
     pipeline = wds.DataPipeline(wds.SimpleShardList(shard_urls(data.val_dir)), wds.tarfile_to_samples())
-    images, captions, meta = [], [], []
+    decoded = []
     for sample in pipeline:
         try:
-            decoded = decode_image_caption(sample)
+            decoded.append((data.decode(sample), json.loads(sample["json"]) if "json" in sample else {}))
         except BadSample:
             continue
-        images.append(decoded["image"])
-        captions.append(decoded["caption"])
-        meta.append(json.loads(sample["json"]) if "json" in sample else {})
-        if len(images) == n:
+        if len(decoded) == n:
             break
-    if len(images) < n:
-        raise ValueError(f"the held-out split {data.val_dir} has {len(images)} usable samples; {n} requested")
-    return EvalSet(torch.stack(images), captions, meta)
+    if len(decoded) < n:
+        raise ValueError(f"the held-out split {data.val_dir} has {len(decoded)} usable samples; {n} requested")
+    text = {name: torch.stack([d[name] for d, _ in decoded]) for name in ("txtemb", "txtmask") if data.latent}
+    return EvalSet(torch.stack([d["image"] for d, _ in decoded]), [d["caption"] for d, _ in decoded],
+                   [meta for _, meta in decoded], text)
 
 
 @torch.no_grad()
@@ -173,11 +173,8 @@ def synth_reference_stats(data: DatasetInfo, oracle: Oracle) -> FeatureStats:
     """Oracle statistics of the whole held-out split, computed once and kept beside its shards."""
     path = data.val_dir / "oracle_stats.npz"
     if not path.exists():
-        n = read_manifest(data.val_dir)["total"]
-        images = to_uint8(load_eval_set(data, n).images)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_stats(tmp, FeatureStats.from_features(oracle(images), oracle.name))
-        os.replace(tmp, path)
+        images = to_uint8(load_eval_set(data, read_manifest(data.val_dir)["total"]).images)
+        return reference_stats([images], oracle, path)
     return load_stats(path)
 
 

@@ -30,6 +30,7 @@ import yaml
 from accelerate import Accelerator
 
 import maskbench
+from maskbench.results.leaderboard import append_rows
 
 ENV_PACKAGES = ("torch", "timm", "accelerate", "webdataset", "numpy", "open_clip_torch", "clean-fid",
                 "diffusers", "triton")
@@ -123,6 +124,12 @@ class RunDir:
 
     def point_checkpoint(self, point: float) -> Path:
         return self.checkpoints / f"point-{point:g}"
+
+    def record_eval(self, row: dict, result: dict, leaderboard: str | Path) -> None:
+        """Append an evaluated point to eval.jsonl and its row to the leaderboard CSV."""
+        with open(self.evals, "a") as f:
+            f.write(json.dumps({**row, "val_loss_per_t": result.get("val_loss_per_t")}) + "\n")
+        append_rows(leaderboard, [row])
 
     def truncate_logs(self, step: int) -> None:
         """Drop log lines written after the checkpoint being resumed (they will be redone)."""

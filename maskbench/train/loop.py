@@ -30,7 +30,6 @@ from maskbench.models.build import batch_context, build_model
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
-from maskbench.results.leaderboard import append_rows
 from maskbench.train.checkpoint import (RunDir, TrainState, device_name, environment, git_sha, load_checkpoint,
                                         save_checkpoint, write_atomic)
 from maskbench.train.ema import EMA
@@ -181,7 +180,7 @@ class Trainer:
         acc, cfg, schedule, state = self.accelerator, self.cfg, self.schedule, self.state
         loader = make_loader(self.data.train_dir, batch_size=cfg.train.batch_size // acc.num_processes,
                              seed=cfg.seed, rank=acc.process_index, world_size=acc.num_processes,
-                             num_workers=cfg.data.num_workers, start_step=state.step,
+                             num_workers=cfg.data.num_workers, start_step=state.step, decode=self.data.decode,
                              max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer)
         batches = iter(loader)
         self._install_signal_handlers()
@@ -263,28 +262,22 @@ class Trainer:
         if self.evaluator is None:
             self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device)
         result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}")
-        self.record_eval(point, result)
+        row = leaderboard_row(self.cfg, self.data, self.state, point, result, self.params,
+                              acc.num_processes, device_name(acc.device))
+        self.run.record_eval(row, result, self.cfg.paths.leaderboard)
         state.evaluated_points.append(point)
         acc.wait_for_everyone()
 
-    def record_eval(self, point: float, result: dict) -> dict:
-        """Append the eval point to eval.jsonl and one row to the leaderboard."""
-        row = leaderboard_row(self.cfg, self.data, self.state, point, result, self.params, self.accelerator)
-        with open(self.run.evals, "a") as f:
-            f.write(json.dumps({**row, "val_loss_per_t": result.get("val_loss_per_t")}) + "\n")
-        append_rows(self.cfg.paths.leaderboard, [row])
-        return row
-
-
 def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point: float, result: dict,
-                    params: int, acc: Accelerator) -> dict:
+                    params: int, n_devices: int, device: str) -> dict:
+    """One leaderboard row: what was trained (from the config and counters) and what was measured."""
     return {
         "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data.name,
         "model": cfg.model.name, "params": params, "resolution": data.image_size,
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
-        "gpu_hours": acc.num_processes * state.train_seconds / 3600, "device": device_name(acc.device),
-        "n_devices": acc.num_processes, "val_loss": result["val_loss"],
+        "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
+        "n_devices": n_devices, "val_loss": result["val_loss"],
         "fid": result.get("fid"), "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"),
         "clip_score": result.get("clip_score"), "clip_cos": result.get("clip_cos"),
         "clip_model": result.get("clip_model"), "align_acc": result.get("align_acc"),

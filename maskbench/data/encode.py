@@ -1,0 +1,241 @@
+"""Canonical shards -> latent shards: VAE latents and frozen text-encoder token embeddings.
+
+Real-data training runs in latent space with a frozen text tower, so both encoders are run once
+here instead of every step. Each output sample holds `KEY.latent.npy` (fp16 C×h×w: the VAE
+posterior mean, shifted and scaled by the VAE's own factors, so encoding is deterministic),
+`KEY.txtemb.npy` (fp16 T×D: open_clip's text token sequence after `ln_final`, before pooling),
+`KEY.txt` and `KEY.json` (the canonical meta plus `text_tokens`, the unpadded token count).
+
+Output shards keep their input shard's name and are written with the same per-unit commit as
+packing, so encoding resumes where it stopped. Under `accelerate launch` every process encodes a
+disjoint slice of the shards; the main process then writes a manifest that describes the latent
+format (channels, latent size, text length and dimension, models, scaling) for the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import open_clip
+import torch
+import webdataset as wds
+from accelerate import Accelerator
+from PIL import ImageOps
+from torchvision.transforms.functional import pil_to_tensor
+
+from maskbench.data.pack import Skip, claim_output, commit_unit, iter_tar_samples, merge_parts, run_units, sha256_file, unit_done
+from maskbench.data.shards import IMAGE_EXTS, TAR_MTIME, BadSample, decode_image, decode_json, decode_text, read_manifest
+
+LATENT_DTYPE = np.float16
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    vae: str  # a diffusers AutoencoderKL folder (from_pretrained), never downloaded
+    text_model: str = "ViT-H-14"  # an open_clip architecture name
+    text_weights: str | None = None  # local weights file; None is random init (tests only)
+    resolution: int = 256  # images are resized (shorter side) and centre-cropped to this
+    batch_size: int = 32
+
+
+class TextTower(torch.nn.Module):
+    """open_clip's text transformer up to `ln_final`: per-token features, not the pooled vector."""
+
+    def __init__(self, name: str, weights: str | None) -> None:
+        super().__init__()
+        clip = open_clip.create_model(name, pretrained=weights)
+        if not hasattr(clip, "token_embedding"):
+            raise ValueError(f"open_clip model {name} has no built-in text transformer; use a CLIP architecture")
+        self.token_embedding, self.positional_embedding = clip.token_embedding, clip.positional_embedding
+        self.transformer, self.ln_final = clip.transformer, clip.ln_final
+        self.register_buffer("attn_mask", clip.attn_mask, persistent=False)
+        self.tokenizer = open_clip.get_tokenizer(name)
+        self.length, self.dim = self.positional_embedding.shape  # T, D
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.token_embedding(tokens)  # B×T×D
+        x = x + self.positional_embedding  # B×T×D
+        x = self.transformer(x, attn_mask=self.attn_mask)  # B×T×D
+        return self.ln_final(x)  # B×T×D
+
+
+class Encoders(torch.nn.Module):
+    """The frozen VAE and text tower, and the latent format they produce."""
+
+    def __init__(self, opts: EncodeOptions) -> None:
+        super().__init__()
+        if not Path(opts.vae).is_dir():
+            raise ValueError(f"VAE folder not found: {opts.vae} (a diffusers AutoencoderKL saved with save_pretrained)")
+        if opts.text_weights is not None and not Path(opts.text_weights).is_file():
+            raise ValueError(f"text weights not found: {opts.text_weights} (an open_clip checkpoint for {opts.text_model})")
+        from diffusers import AutoencoderKL  # heavy; imported only when encoding
+
+        self.vae = AutoencoderKL.from_pretrained(opts.vae)
+        self.text = TextTower(opts.text_model, opts.text_weights)
+        self.requires_grad_(False).eval()
+        config = self.vae.config
+        self.scaling_factor, self.shift_factor = config.scaling_factor, config.shift_factor or 0.0
+        downsample = 2 ** (len(config.block_out_channels) - 1)
+        if opts.resolution < downsample or opts.resolution % downsample:
+            raise ValueError(f"--resolution {opts.resolution} is not a multiple of the VAE's downsampling {downsample}")
+        self.latent_shape = (config.latent_channels, opts.resolution // downsample, opts.resolution // downsample)
+
+    def describe(self, opts: EncodeOptions) -> dict[str, Any]:
+        """The manifest's `latent` block: everything a trainer needs to read the shards (latents are square)."""
+        return {
+            "vae": str(opts.vae), "scaling_factor": self.scaling_factor, "shift_factor": self.shift_factor,
+            "resolution": opts.resolution, "channels": self.latent_shape[0], "size": self.latent_shape[1],
+            "text_model": opts.text_model, "text_weights": opts.text_weights, "text_len": self.text.length,
+            "text_dim": self.text.dim, "dtype": np.dtype(LATENT_DTYPE).name,
+        }
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        posterior = self.vae.encode(images).latent_dist  # images: B×3×H×W in [-1, 1]
+        latents = (posterior.mean - self.shift_factor) * self.scaling_factor  # B×C×h×w
+        return latents, self.text(tokens)  # B×C×h×w, B×T×D
+
+
+def _npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=False)
+    return out.getvalue()
+
+
+def _decoded(path: Path, resolution: int, skipped: Counter) -> Iterator[tuple[str, torch.Tensor, str, dict]]:
+    """(key, 3×R×R image in [-1, 1], caption, meta) per readable sample; the rest counted."""
+    for item in iter_tar_samples(path):
+        if isinstance(item, Skip):
+            skipped[item.reason] += item.n
+            continue
+        key, fields = item
+        image_field = next((ext for ext in IMAGE_EXTS if ext in fields), None)
+        try:
+            if image_field is None:
+                raise BadSample("missing_image")
+            image = ImageOps.fit(decode_image(fields[image_field]), (resolution, resolution))
+            caption, meta = decode_text(fields.get("txt", b"")).strip(), decode_json(fields.get("json", b"{}"))
+        except BadSample as bad:
+            skipped[bad.reason] += 1
+            continue
+        yield key, pil_to_tensor(image).float() / 127.5 - 1.0, caption, meta  # 3×R×R
+
+
+def _batches(samples: Iterator, size: int) -> Iterator[list]:
+    batch = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@dataclass
+class _ShardEncoder:
+    """Encodes one canonical shard into a latent shard of the same name, committed atomically."""
+
+    in_dir: Path
+    out_dir: Path
+    encoders: Encoders
+    opts: EncodeOptions
+    device: torch.device
+
+    def _encode_batch(self, batch: list[tuple[str, torch.Tensor, str, dict]]) -> Iterator[dict[str, Any]]:
+        """Canonical samples -> latent samples, one call of each encoder per batch."""
+        keys, images, captions, metas = zip(*batch)
+        tokens = self.encoders.text.tokenizer(list(captions))  # B×T int64, 0-padded
+        latents, texts = self.encoders(torch.stack(images).to(self.device), tokens.to(self.device))
+        latents = latents.float().cpu().numpy().astype(LATENT_DTYPE)  # B×C×h×w
+        texts = texts.float().cpu().numpy().astype(LATENT_DTYPE)  # B×T×D
+        for i, key in enumerate(keys):
+            yield {
+                "__key__": key,
+                "latent.npy": _npy(latents[i]),
+                "txtemb.npy": _npy(texts[i]),
+                "txt": captions[i].encode("utf-8"),
+                "json": json.dumps({**metas[i], "text_tokens": int((tokens[i] != 0).sum())}).encode("utf-8"),
+            }
+
+    def __call__(self, name: str) -> dict[str, Any]:
+        stem = name.removesuffix(".tar")
+        tmp = self.out_dir / f".tmp-{stem}"
+        shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
+        tmp.mkdir(parents=True)
+        skipped: Counter = Counter()
+        count = 0
+        with wds.TarWriter(str(tmp / name), encoder=False, mtime=TAR_MTIME) as sink:
+            for batch in _batches(_decoded(self.in_dir / name, self.opts.resolution, skipped), self.opts.batch_size):
+                for sample in self._encode_batch(batch):
+                    sink.write(sample)
+                    count += 1
+        path, shards = tmp / name, []
+        if count:
+            shards.append({"name": name, "count": count, "sha256": sha256_file(path), "bytes": path.stat().st_size})
+        else:
+            path.unlink()  # an input whose every sample was unreadable
+        part = {"shards": shards, "total": count, "skipped": dict(skipped)}
+        commit_unit(self.out_dir, stem, tmp, part)
+        return part
+
+
+def encode(in_dir: str | Path, out_dir: str | Path, opts: EncodeOptions, progress: bool = True) -> dict | None:
+    """Encode every shard of `in_dir` into `out_dir`; returns the manifest on the main process."""
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    source = read_manifest(in_dir)
+    # cpu=True is what makes accelerate join a multi-process CPU (gloo) launch instead of running alone.
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    encoders = Encoders(opts).to(accelerator.device)
+    header = {"source": source["source"], "packer_version": source["packer_version"],
+              "filters": source["filters"], "latent": encoders.describe(opts)}
+    if accelerator.is_main_process:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        claim_output(out_dir, header)
+    accelerator.wait_for_everyone()
+    names = [s["name"] for s in source["shards"]]
+    mine = [n for n in names[accelerator.process_index :: accelerator.num_processes]
+            if not unit_done(out_dir, n.removesuffix(".tar"))]
+    work = _ShardEncoder(in_dir, out_dir, encoders, opts, accelerator.device)
+    run_units(mine, work, 1, f"encode [{accelerator.process_index}]", progress and accelerator.is_local_main_process)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return None
+    return merge_parts(out_dir, header, {})
+
+
+def add_encode_arguments(subparsers: argparse._SubParsersAction) -> None:
+    """Add `encode IN OUT ...` to a `maskbench data` subparser group (multi-GPU: `accelerate launch`)."""
+    parser = subparsers.add_parser("encode", help="encode canonical shards into VAE latent + text embedding shards")
+    parser.add_argument("input", help="canonical shard folder (with manifest.json)")
+    parser.add_argument("output", help="latent shard folder to write")
+    parser.add_argument("--vae", required=True, help="local diffusers AutoencoderKL folder, e.g. a saved sd-vae-ft-ema")
+    parser.add_argument("--text-model", default="ViT-H-14", help="open_clip architecture of the text tower")
+    parser.add_argument("--text-weights", required=True, help="local open_clip weights file for --text-model")
+    parser.add_argument("--resolution", type=int, default=256, help="image side before encoding")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.set_defaults(func=encode_command)
+
+
+def encode_command(args: argparse.Namespace) -> int:
+    """CLI handler: 0 on success, 2 with one line on bad input."""
+    opts = EncodeOptions(args.vae, args.text_model, args.text_weights, args.resolution, args.batch_size)
+    try:
+        manifest = encode(args.input, args.output, opts, progress=args.progress)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if manifest is not None:
+        print(f"encoded {manifest['total']} samples into {len(manifest['shards'])} latent shards in {args.output}")
+    return 0

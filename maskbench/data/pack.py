@@ -1,0 +1,437 @@
+"""Pack raw datasets into canonical shards: the driver every source adapter plugs into.
+
+A source adapter turns its raw files into *units* (one input archive or folder each) and yields
+each unit's samples as `Sample` (raw, unvalidated) or `Skip` (counted, never written). The driver
+validates and normalises every sample in one place (caption text, image decodability, size limits,
+resize / centre-crop), so the quirks of each source stay in its adapter and the rules stay here.
+
+Packing is resumable and idempotent because it works per unit: a unit is written into a temporary
+folder, its shards are renamed into place, and only then is its part manifest recorded under
+`.parts/`. A rerun skips units that have a part manifest and redoes the others, overwriting the
+same deterministic shard names, so it neither duplicates samples nor leaves partial shards.
+`manifest.json` is rebuilt from all part manifests at the end, so a large dataset can also be
+packed in batches of inputs into one folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from PIL import Image, ImageOps
+from tqdm import tqdm
+
+from maskbench.data.shards import FORMAT, PIL_FORMATS, CanonicalShardWriter, read_manifest
+
+PACKER_VERSION = "1"
+PARTS = ".parts"  # one committed unit's manifest per file
+OPTIONS = ".options.json"  # what the folder was made with, so a rerun cannot mix settings
+SOURCES = ("brushdata", "sa1b", "journeydb")
+IMAGE_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
+PICKLE_FIELDS = ("pyd", "pickle")
+# data_filter only needs a destination to resolve member paths against; nothing is extracted.
+_NOWHERE = "/maskbench-archive-root"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample as its source stores it; the driver validates every field before writing."""
+
+    key: str
+    image: bytes | None
+    caption: bytes | str | None
+    meta: dict[str, Any]
+    extra: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Samples (or archives) left out, counted in the manifest under `reason`."""
+
+    reason: str
+    n: int = 1
+
+
+Item = Sample | Skip
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The smallest piece of work that is packed, resumed or skipped whole: one input archive.
+
+    `read` must be picklable (a functools.partial of a module-level function) so that worker
+    processes can run it.
+    """
+
+    name: str
+    read: Callable[[], Iterable[Item]]
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """What a source adapter found: its units, what it skipped while indexing, and its options."""
+
+    units: list[Unit]
+    skipped: dict[str, int]
+    filters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Normalisation applied to every source alike; all of it is recorded in the manifest."""
+
+    size: int | None = None  # shorter side resized to this (bicubic), then centre-cropped if `crop`
+    crop: bool = True
+    min_side: int = 0  # images whose shorter side is smaller are skipped ("too_small")
+    min_caption_chars: int = 1
+    max_caption_chars: int | None = None
+    image_format: str = "jpg"  # of resized images (others keep their bytes and format)
+    quality: int = 95
+    maxcount: int = 10_000  # samples per output shard
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"--size must be positive, got {self.size}")
+        if self.image_format not in IMAGE_FORMATS.values():
+            raise ValueError(f"--image-format must be one of {sorted(IMAGE_FORMATS.values())}")
+        if self.max_caption_chars is not None and self.max_caption_chars < self.min_caption_chars:
+            raise ValueError("--max-caption-chars is smaller than --min-caption-chars")
+        if self.workers < 1 or self.maxcount < 1:
+            raise ValueError("--workers and --maxcount must be at least 1")
+
+    def filters(self) -> dict[str, Any]:
+        """The options that change what is written (not how fast)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("workers", "maxcount")}
+
+
+class Rejected(Exception):
+    """A sample that fails validation; `reason` is the manifest's skip counter."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------- validating one sample
+
+
+def prepare_caption(raw: bytes | str | None, opts: PackOptions) -> str:
+    """Decode and check a caption; rejects missing, non-UTF-8, empty and out-of-range text."""
+    if raw is None:
+        raise Rejected("missing_caption")
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Rejected("non_utf8_text") from None
+    if not isinstance(raw, str):
+        raise Rejected("missing_caption")
+    text = raw.strip()
+    if not text:
+        raise Rejected("empty_caption")
+    if len(text) < opts.min_caption_chars:
+        raise Rejected("caption_too_short")
+    if opts.max_caption_chars is not None and len(text) > opts.max_caption_chars:
+        raise Rejected("caption_too_long")
+    return text
+
+
+def _open_image(data: bytes) -> Image.Image:
+    """Fully decode untrusted bytes with only the JPEG/PNG/WebP decoders; PIL's bomb warning is an
+    error here, not a log line."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
+            img.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise Rejected("decompression_bomb") from None
+    except (OSError, SyntaxError, ValueError, EOFError):  # UnidentifiedImageError and truncation are OSError
+        raise Rejected("undecodable_image") from None
+    return img
+
+
+def _resize(img: Image.Image, size: int, crop: bool) -> Image.Image:
+    if crop:
+        return ImageOps.fit(img, (size, size), Image.Resampling.BICUBIC)
+    scale = size / min(img.size)
+    new = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
+    return img.resize(new, Image.Resampling.BICUBIC)
+
+
+def prepare_image(data: bytes | None, opts: PackOptions) -> tuple[bytes, str, int, int]:
+    """Return (bytes, ext, width, height); original bytes are kept unless a resize is asked for."""
+    if not data:
+        raise Rejected("missing_image")
+    img = _open_image(data)
+    if min(img.size) < opts.min_side:
+        raise Rejected("too_small")
+    if opts.size is None:
+        return data, IMAGE_FORMATS[img.format], img.width, img.height
+    img = img.convert("RGB")
+    if opts.size is not None:
+        img = _resize(img, opts.size, opts.crop)
+    out = io.BytesIO()
+    pil_format = {v: k for k, v in IMAGE_FORMATS.items()}[opts.image_format]
+    img.save(out, format=pil_format, quality=opts.quality)
+    return out.getvalue(), opts.image_format, img.width, img.height
+
+
+# ---------------------------------------------------------------- reading raw archives safely
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    """webdataset's rule: the key is the path up to the basename's first dot, the rest the field."""
+    folder, base = os.path.split(name)
+    stem, _, fieldname = base.partition(".")
+    return os.path.normpath(os.path.join(folder, stem)), fieldname.lower()
+
+
+def _member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why a member must not be read: a path leaving the extraction folder (tarfile's "data"
+    filter), a link or device, or a pickle field (never unpickled, so never read)."""
+    try:
+        tarfile.data_filter(member, _NOWHERE)
+    except tarfile.FilterError:
+        return "unsafe_path"
+    if not member.isfile():
+        return "unsafe_member"
+    if _split_name(member.name)[1] in PICKLE_FIELDS:
+        return "pickle_member"
+    return None
+
+
+def _finished(key: str | None, fields: dict[str, bytes], seen: set[str]) -> Iterator[tuple[str, dict] | Skip]:
+    """Emit a completed group once; a key seen before in the archive is a duplicate."""
+    if key is None:
+        return
+    if key in seen:
+        yield Skip("duplicate_key")
+    else:
+        seen.add(key)
+        yield key, fields
+
+
+def iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]] | Skip]:
+    """Group a tar's contiguous members into (key path, {field: bytes}) like webdataset does.
+
+    The tar is read as a stream and nothing is extracted to disk. A key seen before in the archive
+    (or a field repeated within a group) is a duplicate and skipped; the first occurrence wins.
+    A broken archive ends the stream with one Skip, dropping the group being read.
+    """
+    seen: set[str] = set()
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    read_any = False
+    try:
+        with tarfile.open(path, "r|*") as tar:
+            for member in tar:
+                read_any = True
+                if member.isdir():
+                    continue
+                if problem := _member_problem(member):
+                    yield Skip(problem)
+                    continue
+                member_key, fieldname = _split_name(member.name)
+                if member_key != key or fieldname in fields:
+                    yield from _finished(key, fields, seen)
+                    key, fields = member_key, {}
+                fields[fieldname] = tar.extractfile(member).read()
+    except (tarfile.TarError, EOFError, OSError):
+        yield Skip("truncated_tar" if read_any else "bad_archive")
+        return
+    yield from _finished(key, fields, seen)
+
+
+def existing_paths(paths: Iterable[str | Path], pattern: str) -> list[Path]:
+    """Expand folders to their files matching `pattern`; a path that does not exist is refused."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found.extend(sorted(p.glob(pattern)))
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise ValueError(f"input not found: {p}")
+    if not found:
+        raise ValueError(f"no {pattern} inputs found in {', '.join(map(str, paths))}")
+    return found
+
+
+# ---------------------------------------------------------------- resumable per-unit output
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def claim_output(out_dir: Path, header: dict[str, Any]) -> None:
+    """Record what this folder holds; refuse to mix in output made with other options."""
+    path = out_dir / OPTIONS
+    if path.exists():
+        before = json.loads(path.read_text())
+        if before != json.loads(json.dumps(header)):
+            raise ValueError(f"{out_dir} holds output made with other options ({before}); use a new folder")
+    else:
+        _write_json_atomic(path, header)
+
+
+def unit_done(out_dir: Path, name: str) -> bool:
+    return (out_dir / PARTS / f"{name}.json").exists()
+
+
+def commit_unit(out_dir: Path, name: str, tmp: Path, part: dict[str, Any]) -> None:
+    """Move a finished unit's shards into place, then record it: the part file is the commit."""
+    for shard in part["shards"]:
+        os.replace(tmp / shard["name"], out_dir / shard["name"])
+    _write_json_atomic(out_dir / PARTS / f"{name}.json", part)
+    shutil.rmtree(tmp)
+
+
+def merge_parts(out_dir: Path, header: dict[str, Any], skipped: dict[str, int]) -> dict[str, Any]:
+    """Write manifest.json from every committed part (sorted by unit) plus indexing-time skips."""
+    parts = [json.loads(p.read_text()) for p in sorted((out_dir / PARTS).glob("*.json"))]
+    counts = Counter(skipped)
+    for part in parts:
+        counts.update(part["skipped"])
+    shards = [s for part in parts for s in part["shards"]]
+    manifest = {
+        "format": FORMAT,
+        **header,
+        "shards": shards,
+        "total": sum(s["count"] for s in shards),
+        "skipped": dict(sorted(counts.items())),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    _write_json_atomic(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+def run_units(items: list[T], work: Callable[[T], dict], workers: int, desc: str, progress: bool) -> None:
+    """Run `work(item)` for each item, in worker processes when asked, with a progress bar."""
+    samples = 0
+    with tqdm(total=len(items), desc=desc, unit="unit", disable=not progress) as bar, \
+            (ProcessPoolExecutor(workers) if workers > 1 else nullcontext()) as pool:
+        for part in (pool.map(work, items) if pool else map(work, items)):
+            samples += part["total"]
+            bar.update(1)
+            bar.set_postfix(samples=samples)
+
+
+# ---------------------------------------------------------------- the packing driver
+
+
+@dataclass(frozen=True)
+class _UnitPacker:
+    """Packs one unit into its own shards; a picklable callable for worker processes."""
+
+    out_dir: Path
+    source: str
+    opts: PackOptions
+    filters: dict[str, Any]
+
+    def __call__(self, unit: Unit) -> dict[str, Any]:
+        tmp = self.out_dir / f".tmp-{unit.name}"
+        shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
+        with CanonicalShardWriter(
+            tmp, source=self.source, packer_version=PACKER_VERSION, filters=self.filters,
+            maxcount=self.opts.maxcount, prefix=unit.name,
+        ) as writer:
+            for item in unit.read():
+                if isinstance(item, Skip):
+                    writer.skip(item.reason, item.n)
+                    continue
+                try:
+                    caption = prepare_caption(item.caption, self.opts)
+                    image, ext, width, height = prepare_image(item.image, self.opts)
+                except Rejected as rejected:
+                    writer.skip(rejected.reason)
+                    continue
+                meta = {**item.meta, "width": width, "height": height}  # the writer adds source and id
+                writer.write(item.key, image, ext, caption, meta, item.extra or None)
+        part = read_manifest(tmp)
+        commit_unit(self.out_dir, unit.name, tmp, part)
+        return part
+
+
+def pack(out_dir: str | Path, source: str, plan: SourcePlan, opts: PackOptions, progress: bool = True) -> dict:
+    """Pack every unit of `plan` not packed yet into `out_dir` and return the merged manifest."""
+    out_dir = Path(out_dir)
+    names = [u.name for u in plan.units]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two inputs share a name: {sorted(n for n, c in Counter(names).items() if c > 1)}")
+    filters = {**opts.filters(), **plan.filters}
+    header = {"source": source, "packer_version": PACKER_VERSION, "filters": filters}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    claim_output(out_dir, header)
+    todo = [u for u in plan.units if not unit_done(out_dir, u.name)]
+    packer = _UnitPacker(out_dir, source, opts, filters)
+    run_units(todo, packer, min(opts.workers, max(1, len(todo))), f"pack {source}", progress)
+    return merge_parts(out_dir, header, plan.skipped)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_pack_arguments(subparsers: argparse._SubParsersAction) -> None:
+    """Add `pack <source> ...` to a `maskbench data` subparser group."""
+    parser = subparsers.add_parser("pack", help="pack a raw dataset into canonical shards")
+    sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    for name in SOURCES:
+        module = importlib.import_module(f"maskbench.data.sources.{name}")
+        sub = sources.add_parser(name, help=module.__doc__.splitlines()[0])
+        module.add_arguments(sub)
+        sub.add_argument("--out", required=True, help="output folder for shards and manifest.json")
+        sub.add_argument("--size", type=int, help="resize the shorter side to this many pixels")
+        sub.add_argument("--no-crop", dest="crop", action="store_false", help="keep aspect ratio after --size")
+        sub.add_argument("--min-side", type=int, default=0, help="skip images whose shorter side is smaller")
+        sub.add_argument("--min-caption-chars", type=int, default=1)
+        sub.add_argument("--max-caption-chars", type=int)
+        sub.add_argument("--image-format", default="jpg", choices=sorted(IMAGE_FORMATS.values()))
+        sub.add_argument("--maxcount", type=int, default=10_000, help="samples per output shard")
+        sub.add_argument("--workers", type=int, default=1, help="worker processes (one input archive each)")
+        sub.add_argument("--no-progress", dest="progress", action="store_false")
+        sub.set_defaults(func=pack_command, plan_from_args=module.plan_from_args)
+
+
+def pack_command(args: argparse.Namespace) -> int:
+    """CLI handler: 0 on success, 2 with one line on bad input."""
+    try:
+        opts = PackOptions(
+            size=args.size, crop=args.crop, min_side=args.min_side, min_caption_chars=args.min_caption_chars,
+            max_caption_chars=args.max_caption_chars, image_format=args.image_format,
+            maxcount=args.maxcount, workers=args.workers,
+        )
+        manifest = pack(args.out, args.source, args.plan_from_args(args), opts, progress=args.progress)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    skipped = ", ".join(f"{k}={v}" for k, v in manifest["skipped"].items()) or "none"
+    print(f"packed {manifest['total']} samples into {len(manifest['shards'])} shards in {args.out}; skipped: {skipped}")
+    return 0

@@ -1,0 +1,147 @@
+"""JourneyDB annotations + image archives (or their extracted folders) -> canonical samples.
+
+Annotations are JSONL (`train_anno_realease_repath.jsonl`, "realease" sic, or
+`valid_anno_repath.jsonl`), plain or inside the `.jsonl.tgz` they ship as; each record has
+`img_path` (`./000/<hash>.jpg`, relative to `imgs/`), `prompt` (the Midjourney prompt) and
+`Task2.Caption`, which may be missing. Images are in `imgs/000.tgz ...` or the folders these
+extract to; a folder is preferred over its archive when both exist. Pack one split at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tarfile
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from functools import partial
+from pathlib import Path
+
+from maskbench.data.pack import IMAGE_FORMATS, Item, Sample, Skip, SourcePlan, Unit, iter_tar_samples
+
+CAPTION_FIELDS = ("prompt", "caption")
+IMAGE_EXTS = tuple(IMAGE_FORMATS.values())
+
+
+def _annotation_lines(path: Path) -> Iterator[bytes]:
+    """Lines of a .jsonl file, or of the .jsonl member of a .tgz, read as a stream."""
+    if not path.name.endswith((".tgz", ".tar.gz")):
+        with open(path, "rb") as f:
+            yield from f
+        return
+    try:
+        with tarfile.open(path, "r|gz") as tar:
+            member = next((m for m in tar if m.isfile() and m.name.endswith(".jsonl")), None)
+            if member is None:
+                raise ValueError(f"{path} holds no .jsonl file")
+            yield from tar.extractfile(member)
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise ValueError(f"cannot read annotations {path}: {err}") from None
+
+
+def _caption(record: dict, caption_field: str) -> str | None:
+    if caption_field == "prompt":
+        return record.get("prompt")
+    task2 = record.get("Task2")
+    return task2.get("Caption") if isinstance(task2, dict) else None
+
+
+def read_annotations(paths: Iterable[Path], caption_field: str) -> tuple[dict[str, dict[str, str | None]], Counter]:
+    """Captions by image folder (`000`) and file name; malformed or unsafe records are counted."""
+    captions: dict[str, dict[str, str | None]] = defaultdict(dict)
+    skipped: Counter = Counter()
+    for path in paths:
+        for line in _annotation_lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                img_path = os.path.normpath(record["img_path"])  # "./000/x.jpg" -> "000/x.jpg"
+                caption = _caption(record, caption_field)
+            except (ValueError, KeyError, TypeError):
+                skipped["bad_json"] += 1
+                continue
+            folder, _, file_name = img_path.partition("/")
+            if not folder or folder == ".." or not file_name or "/" in file_name:
+                skipped["unsafe_path"] += 1  # would read outside imgs/<folder>/
+                continue
+            if file_name in captions[folder]:
+                skipped["duplicate_key"] += 1
+                continue
+            captions[folder][file_name] = caption
+    return captions, skipped
+
+
+def _sample(folder: str, file_name: str, image: bytes, caption: str | None) -> Sample:
+    stem = file_name.partition(".")[0]
+    return Sample(f"{folder}_{stem}", image, caption, {"img_path": f"./{folder}/{file_name}"})
+
+
+def read_journeydb_archive(path: Path, folder: str, captions: dict[str, str | None]) -> Iterator[Item]:
+    """Samples of one `imgs/NNN.tgz`, read as a stream (never extracted)."""
+    unmatched = dict(captions)
+    for item in iter_tar_samples(path):
+        if isinstance(item, Skip):
+            yield item
+            continue
+        name, fields = item
+        ext = next((e for e in IMAGE_EXTS if e in fields), None)
+        file_name = f"{os.path.basename(name)}.{ext}"
+        if ext is None or os.path.dirname(name) != folder or file_name not in unmatched:
+            yield Skip("image_without_caption")
+            continue
+        yield _sample(folder, file_name, fields[ext], unmatched.pop(file_name))
+    if unmatched:
+        yield Skip("caption_without_image", len(unmatched))
+
+
+def read_journeydb_folder(path: Path, captions: dict[str, str | None]) -> Iterator[Item]:
+    """Samples of one extracted `imgs/NNN/` folder, in annotation order by file name."""
+    for file_name, caption in sorted(captions.items()):
+        file = path / file_name
+        if file.is_symlink():
+            yield Skip("unsafe_member")
+        elif not file.is_file():
+            yield Skip("caption_without_image")
+        else:
+            yield _sample(path.name, file_name, file.read_bytes(), caption)
+    strays = [f for f in path.iterdir() if f.is_file() and f.name not in captions]
+    if strays:
+        yield Skip("image_without_caption", len(strays))
+
+
+def plan_journeydb(annotations: list[str | Path], imgs: str | Path, caption_field: str = "prompt") -> SourcePlan:
+    """One unit per image archive or folder in `imgs` (folders win over archives of the same name)."""
+    if caption_field not in CAPTION_FIELDS:
+        raise ValueError(f"--caption-field must be one of {CAPTION_FIELDS}, got {caption_field!r}")
+    anno_paths = [Path(p) for p in annotations]
+    for p in anno_paths + [Path(imgs)]:
+        if not p.exists():
+            raise ValueError(f"input not found: {p}")
+    captions, skipped = read_annotations(anno_paths, caption_field)
+    imgs = Path(imgs)
+    folders = {p.name: p for p in imgs.iterdir() if p.is_dir() and p.name.isdigit()}
+    archives = {p.name.removesuffix(".tgz"): p for p in imgs.glob("*.tgz") if p.name[:-4].isdigit()}
+    if not folders and not archives:
+        raise ValueError(f"no NNN.tgz archives or NNN/ folders in {imgs}")
+    units = []
+    for name in sorted(folders.keys() | archives.keys()):
+        if name in folders:
+            units.append(Unit(name, partial(read_journeydb_folder, folders[name], captions.get(name, {}))))
+        else:
+            units.append(Unit(name, partial(read_journeydb_archive, archives[name], name, captions.get(name, {}))))
+    filters = {"caption_field": caption_field, "annotations": sorted(p.name for p in anno_paths)}
+    return SourcePlan(units, dict(skipped), filters)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--annotations", nargs="+", required=True,
+                        help="train_anno_realease_repath.jsonl[.tgz] or valid_anno_repath.jsonl[.tgz]")
+    parser.add_argument("--imgs", required=True, help="the split's imgs/ folder (NNN.tgz archives or NNN/ folders)")
+    parser.add_argument("--caption-field", default="prompt", choices=CAPTION_FIELDS,
+                        help="prompt: the Midjourney prompt (as MicroDiT); caption: Task2.Caption")
+
+
+def plan_from_args(args: argparse.Namespace) -> SourcePlan:
+    return plan_journeydb(args.annotations, args.imgs, args.caption_field)

@@ -1,0 +1,102 @@
+"""SA-1B image tars joined with InternVL-SA-1B-Caption JSONL -> canonical samples.
+
+SA-1B ships images without captions (`sa_000000.tar` holds `./sa_1.jpg` + `./sa_1.json`) and
+InternVL ships captions without images (`{"image": "sa_000000/sa_1.jpg", "conversations":
+[human, gpt]}`), so the join key is `<tar stem>/<file name>`. Images without a caption and
+captions without an image (in the tars given) are skipped and counted. Only captions for the
+tars being packed are held in memory, so the full set can be packed in batches of tars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+from maskbench.data.pack import Item, Sample, Skip, SourcePlan, Unit, existing_paths, iter_tar_samples
+
+
+def _gpt_caption(record: dict) -> str | None:
+    """The assistant's turn of a conversation; None when the record has no such turn."""
+    return next((turn.get("value") for turn in record["conversations"] if turn.get("from") == "gpt"), None)
+
+
+def read_captions(paths: list[Path], stems: set[str]) -> tuple[dict[str, dict[str, str | None]], Counter]:
+    """Captions by tar stem and file name, for the given stems; malformed records are counted."""
+    captions: dict[str, dict[str, str | None]] = defaultdict(dict)
+    skipped: Counter = Counter()
+    for path in paths:
+        with open(path, "rb") as lines:
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    stem, _, file_name = record["image"].partition("/")
+                    caption = _gpt_caption(record)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    skipped["bad_caption_record"] += 1
+                    continue
+                if stem not in stems:
+                    continue
+                if file_name in captions[stem]:
+                    skipped["duplicate_caption"] += 1
+                    continue
+                captions[stem][file_name] = caption
+    return captions, skipped
+
+
+def _image_id(data: bytes) -> int:
+    """SA-1B's numeric image id from the per-image annotation JSON; raises on malformed JSON."""
+    return int(json.loads(data)["image"]["image_id"])
+
+
+def read_sa1b_tar(path: Path, captions: dict[str, str | None]) -> Iterator[Item]:
+    """Canonical samples of one SA-1B tar joined with that tar's captions."""
+    unmatched = dict(captions)
+    for item in iter_tar_samples(path):
+        if isinstance(item, Skip):
+            yield item
+            continue
+        name, fields = item
+        key = os.path.basename(name)
+        if "jpg" not in fields:
+            yield Skip("missing_image")
+            continue
+        if f"{key}.jpg" not in unmatched:
+            yield Skip("image_without_caption")
+            continue
+        caption = unmatched.pop(f"{key}.jpg")
+        meta = {}
+        if "json" in fields:
+            try:
+                meta["image_id"] = _image_id(fields["json"])
+            except (ValueError, KeyError, TypeError):
+                yield Skip("bad_json")
+                continue
+        yield Sample(key, fields["jpg"], caption, meta)
+    if unmatched:
+        yield Skip("caption_without_image", len(unmatched))
+
+
+def plan_sa1b(inputs: list[str | Path], captions: list[str | Path]) -> SourcePlan:
+    """One unit per SA-1B tar; `captions` are InternVL-SA-1B-Caption JSONL files."""
+    tars = existing_paths(inputs, "sa_*.tar")
+    caption_files = existing_paths(captions, "*.jsonl")
+    by_stem, skipped = read_captions(caption_files, {p.stem for p in tars})
+    units = [Unit(p.stem, partial(read_sa1b_tar, p, by_stem.get(p.stem, {}))) for p in tars]
+    return SourcePlan(units, dict(skipped), {"captions": sorted(p.name for p in caption_files)})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", help="SA-1B tars (sa_000000.tar ...) or folders of them")
+    parser.add_argument("--captions", nargs="+", required=True,
+                        help="InternVL-SA-1B-Caption JSONL file(s), e.g. internvl_sa1b_caption_11m_single_image_en.jsonl")
+
+
+def plan_from_args(args: argparse.Namespace) -> SourcePlan:
+    return plan_sa1b(args.inputs, args.captions)

@@ -1,0 +1,60 @@
+"""`maskbench eval RUN_DIR`: (re)evaluate a run's eval-point checkpoints with the current eval config.
+
+The EMA weights and training counters are read from the checkpoint saved at the point, so the row
+written has the same training figures (step, FLOPs, GPU-hours) as the one the run wrote itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from maskbench.config import ConfigError, RunConfig, load_run_config
+from maskbench.data.dataset import resolve_dataset
+from maskbench.eval.evaluate import Evaluator, check_eval_inputs
+from maskbench.models.build import build_model
+from maskbench.train.checkpoint import RunDir, TrainState
+from maskbench.train.loop import leaderboard_row
+
+EMA_FILE, STATE_FILE = "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl"  # registration order in Trainer
+
+
+def available_points(run: RunDir) -> list[float]:
+    return sorted(float(path.name.removeprefix("point-")) for path in run.checkpoints.glob("point-*"))
+
+
+def load_point(run: RunDir, point: float, model: torch.nn.Module) -> TrainState:
+    """Load the EMA weights saved at an eval point into model; return the training counters there."""
+    ckpt = run.point_checkpoint(point)
+    if not ckpt.is_dir():
+        have = ", ".join(f"{p:g}" for p in available_points(run)) or "none"
+        raise ConfigError(f"{run.root} has no checkpoint for point {point:g} (have: {have})")
+    model.load_state_dict(torch.load(ckpt / EMA_FILE, weights_only=True)["model"])
+    state = TrainState()
+    state.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=True))
+    return state
+
+
+def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrides: RunConfig | None = None,
+                 device: torch.device | None = None) -> list[dict]:
+    """Evaluate the given points (default: every saved one); append eval.jsonl lines and leaderboard rows."""
+    run = RunDir(Path(run_dir))
+    cfg = overrides or load_run_config(run.root)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
+    check_eval_inputs(data, cfg.eval)
+    points = points or available_points(run)
+    model = build_model(cfg.model, data).to(device).eval()
+    params = sum(p.numel() for p in model.parameters())
+    env = json.loads(run.env.read_text())
+    evaluator = Evaluator(data, cfg.eval, device)
+    rows = []
+    for point in points:
+        state = load_point(run, point, model)
+        result = evaluator.evaluate(model, run.samples / f"point-{point:g}")
+        row = leaderboard_row(cfg, data, state, point, result, params, env["n_devices"], env["device"])
+        run.record_eval(row, result, cfg.paths.leaderboard)
+        rows.append(row)
+    return rows

@@ -1,0 +1,116 @@
+"""The analytic FLOPs count against what autograd actually runs, and the budget split into phases."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from maskbench.models.dit import DiT, ModelConfig, PRESETS
+from maskbench.models.masking import random_keep_idx
+from maskbench.models.text import SynthTextEncoder
+from maskbench.train.flops import plan_phases, sample_step_flops, train_step_flops
+
+BATCH = 2
+CLIP_H_WIDTH, CLIP_LEN = 1024, 77  # precomputed open_clip ViT-H-14 text tokens on real data
+
+
+def _setting(cfg: ModelConfig) -> dict:
+    """tiny: 32×32 RGB pixels with the synth text encoder; dit_*: 32×32×4 latents with CLIP-H embeddings."""
+    if cfg.name == "tiny":
+        return dict(image_size=32, in_channels=3, context_dim=cfg.text_width, context_len=cfg.text_len,
+                    text_encoder=True)
+    return dict(image_size=32, in_channels=4, context_dim=CLIP_H_WIDTH, context_len=CLIP_LEN, text_encoder=False)
+
+
+def _counted_flops(cfg: ModelConfig, mask_ratio: float, train: bool = True) -> int:
+    """FlopCounterMode's count for one real forward (+ backward) of the model with these settings."""
+    s = _setting(cfg)
+    text = SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len) if s["text_encoder"] else None
+    model = DiT(cfg, s["image_size"], s["in_channels"], s["context_dim"], text)
+    if s["text_encoder"]:
+        context = torch.randint(0, 49408, (BATCH, s["context_len"]))
+    else:
+        context = torch.randn(BATCH, s["context_len"], s["context_dim"])
+    context_mask = torch.ones(BATCH, s["context_len"], dtype=torch.bool)
+    x = torch.randn(BATCH, s["in_channels"], s["image_size"], s["image_size"])
+    keep_idx = random_keep_idx(BATCH, model.seq_len, mask_ratio)
+    drop = torch.tensor([True, False])
+    with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(train):
+        out = model(x, torch.rand(BATCH), context, context_mask, keep_idx, drop)
+        if train:
+            out.square().mean().backward()
+    return counter.get_total_flops()
+
+
+def _assert_train_flops_match(cfg: ModelConfig, mask_ratio: float) -> None:
+    with torch.device("meta"):  # shapes only: the big presets cost no memory or compute
+        counted = _counted_flops(cfg, mask_ratio)
+    analytic = train_step_flops(cfg, batch=BATCH, mask_ratio=mask_ratio, **_setting(cfg))
+    assert analytic == pytest.approx(counted, rel=0.02)
+
+
+@pytest.mark.parametrize("mask_ratio", [0.0, 0.75])
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_train_step_flops_match_flop_counter(preset: str, mask_ratio: float) -> None:
+    """Each preset's widths, heads, patch and context at 2 blocks: meta tensors still cost ~1 ms per op,
+    and the count is linear in depth (checked at full depth below)."""
+    _assert_train_flops_match(dataclasses.replace(PRESETS[preset](), depth=2), mask_ratio)
+
+
+def test_train_step_flops_match_flop_counter_at_full_depth() -> None:
+    _assert_train_flops_match(PRESETS["dit_s2"](), 0.75)
+
+
+def test_flops_with_patch_mixer_on_real_cpu_tensors() -> None:
+    """Mixer blocks run on all tokens; checked on real tensors with unfused (countable) attention."""
+    cfg = dataclasses.replace(PRESETS["tiny"](), mixer_depth=2, depth=2)
+    with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernel is invisible to FlopCounterMode
+        counted = _counted_flops(cfg, 0.75)
+    assert train_step_flops(cfg, batch=BATCH, mask_ratio=0.75, **_setting(cfg)) == pytest.approx(counted, rel=0.02)
+
+
+def test_sample_step_flops_match_forward_only() -> None:
+    cfg = dataclasses.replace(PRESETS["dit_b2"](), depth=2)
+    with torch.device("meta"):
+        counted = _counted_flops(cfg, 0.0, train=False)
+    assert sample_step_flops(cfg, batch=BATCH, **_setting(cfg)) == pytest.approx(counted, rel=0.02)
+
+
+def _tiny_step_flops(mask_ratio: float) -> int:
+    """The synth default: tiny, 32×32 RGB, batch 64."""
+    cfg = PRESETS["tiny"]()
+    return train_step_flops(cfg, batch=64, mask_ratio=mask_ratio, **_setting(cfg))
+
+
+def test_masking_cuts_tiny_step_flops_to_about_a_quarter() -> None:
+    ratio = _tiny_step_flops(0.75) / _tiny_step_flops(0.0)
+    assert 0.25 < ratio < 0.35  # the text encoder and conditioning do not shrink with the mask
+
+
+def test_default_arms_spend_the_same_budget() -> None:
+    arms = [[(0.0, 1.0)], [(0.75, 1.0)], [(0.75, 0.75), (0.0, 0.25)]]
+    spent = [sum(p.flops for p in plan_phases(arm, 1.5e13, _tiny_step_flops)) for arm in arms]
+    assert max(spent) <= 1.01 * min(spent)
+    assert all(s <= 1.5e13 for s in spent)
+
+
+def test_plan_gives_each_phase_whole_steps_of_its_share() -> None:
+    plans = plan_phases([(0.75, 0.75), (0.0, 0.25)], 1.5e13, _tiny_step_flops)
+    assert [p.mask_ratio for p in plans] == [0.75, 0.0]
+    for plan, fraction in zip(plans, (0.75, 0.25)):
+        assert plan.flops == plan.steps * plan.flops_per_step == plan.steps * _tiny_step_flops(plan.mask_ratio)
+        assert fraction * 1.5e13 - plan.flops_per_step < plan.flops <= fraction * 1.5e13
+
+
+def test_plan_rejects_a_budget_too_small_for_one_step() -> None:
+    with pytest.raises(ValueError, match="too small for one step of phase 1"):
+        plan_phases([(0.75, 0.99), (0.0, 0.01)], 1e11, _tiny_step_flops)
+
+
+def test_plan_rejects_fractions_not_summing_to_one() -> None:
+    with pytest.raises(ValueError, match="sum to 1"):
+        plan_phases([(0.75, 0.5), (0.0, 0.25)], 1e13, _tiny_step_flops)
