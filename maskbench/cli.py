@@ -46,6 +46,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from maskbench.data.shards import TooManyBadSamples
+    from maskbench.eval.fid import MissingWeights
+    from maskbench.train.loop import Trainer, TrainingStopped
+    from maskbench.train.sweep import launch_lines, plan_sweep
+
+    try:
+        runs = plan_sweep(args.overrides)
+    except ConfigError as err:
+        return fail(str(err))
+    if args.emit:
+        print(launch_lines(runs, args.emit, args.nproc))
+        return 0
+    for i, (combo, cfg) in enumerate(runs, 1):
+        print(f"[{i}/{len(runs)}] maskbench run {' '.join(combo)}")
+        try:
+            trainer = Trainer(cfg)
+        except (ConfigError, ValueError, MissingWeights) as err:
+            return fail(str(err))
+        try:
+            trainer.fit()
+        except (TooManyBadSamples, TrainingStopped) as err:
+            return fail(str(err), code=1)
+        if trainer.stop_signal is not None:
+            return 130
+    return 0
+
+
 def cmd_arms(args: argparse.Namespace) -> int:
     for name in known_arms():
         arm = load_config([f"arm={name}"]).arm
@@ -147,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. arm=mask75 seed=1")
     run.set_defaults(func=cmd_run)
+
+    sweep = sub.add_parser("sweep", help="a grid of runs: train them here one by one, or print cluster launch lines",
+                           description="Expand key=a,b,c overrides into every combination. Without --emit, "
+                                       "train them here one after another (finished runs are skipped, "
+                                       "interrupted ones resume).",
+                           epilog="example: maskbench sweep arm=mask0,mask75,mask75_then0 seed=0,1 --emit slurm",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweep.add_argument("overrides", nargs="*", metavar="KEY=V1,V2,...")
+    sweep.add_argument("--emit", choices=("accelerate", "torchrun", "slurm"),
+                       help="print launch lines (or a SLURM array script) instead of training")
+    sweep.add_argument("--nproc", type=int, default=8, help="processes (GPUs) per run in emitted lines")
+    sweep.set_defaults(func=cmd_sweep)
 
     arms = sub.add_parser("arms", help="list the shipped arms with their phases")
     arms.set_defaults(func=cmd_arms)
