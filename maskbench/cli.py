@@ -28,13 +28,13 @@ def fail(message: str, code: int = 2) -> int:
     return code
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def train_one(cfg) -> int:
+    """Train one validated config; the exit code (2 bad input, 1 training failed, 130 interrupted)."""
     from maskbench.data.shards import TooManyBadSamples
     from maskbench.eval.fid import MissingWeights
     from maskbench.train.loop import Trainer, TrainingStopped
 
     try:
-        cfg = load_config(args.overrides)
         trainer = Trainer(cfg)
     except (ConfigError, ValueError, MissingWeights) as err:
         return fail(str(err))
@@ -42,14 +42,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = trainer.fit()
     except (TooManyBadSamples, TrainingStopped) as err:
         return fail(str(err), code=1)
+    if trainer.stop_signal is not None:
+        return 130
     print(f"run directory: {run_dir}")
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.overrides)
+    except ConfigError as err:
+        return fail(str(err))
+    return train_one(cfg)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from maskbench.data.shards import TooManyBadSamples
-    from maskbench.eval.fid import MissingWeights
-    from maskbench.train.loop import Trainer, TrainingStopped
     from maskbench.train.sweep import launch_lines, plan_sweep
 
     try:
@@ -61,16 +68,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     for i, (combo, cfg) in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] maskbench run {' '.join(combo)}")
-        try:
-            trainer = Trainer(cfg)
-        except (ConfigError, ValueError, MissingWeights) as err:
-            return fail(str(err))
-        try:
-            trainer.fit()
-        except (TooManyBadSamples, TrainingStopped) as err:
-            return fail(str(err), code=1)
-        if trainer.stop_signal is not None:
-            return 130
+        code = train_one(cfg)
+        if code:
+            return code
     return 0
 
 
