@@ -13,6 +13,7 @@ from maskbench.config import ConfigError, format_arm, known_arms, load_config
 from maskbench.data.encode import add_encode_arguments
 from maskbench.data.pack import add_pack_arguments
 from maskbench.data.verify import add_verify_arguments
+from maskbench.results.repro import add_repro_arguments
 
 EXAMPLES = """examples:
   maskbench run arm=mask75_then0                 train one arm on the embedded default
@@ -225,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.set_defaults(func=cmd_leaderboard)
+    add_repro_arguments(sub)
     return parser
 
 

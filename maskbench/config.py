@@ -98,6 +98,12 @@ class TrainConfig:
     keep_checkpoints: int = 2      # periodic checkpoints kept; eval-point checkpoints are always kept
     max_bad_steps: int = 5         # consecutive non-finite losses before stopping
     stop_at_step: Optional[int] = None  # save and stop there, as a preemption would (resume later)
+    grad_accum: int = 1            # micro-batches per step; processes × grad_accum data streams share the batch
+    fused_optimizer: bool = True   # fused AdamW kernel (CUDA only)
+    attention: str = "auto"        # auto (flash / memory-efficient SDPA kernels) | math (the reference kernel)
+    pin_memory: bool = True        # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
+    activation_checkpointing: bool = False  # recompute each DiT block in backward: less memory, ~1/3 more compute
+    dist_timeout_minutes: float = 120.0     # collective timeout: other ranks wait while rank 0 evaluates
 
 
 @dataclass
@@ -124,6 +130,8 @@ _NOT_RESULT_FIELDS = {
     "paths", "data.path", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
     "train.keep_checkpoints", "train.stop_at_step", "eval.batch_size", "arm.description",
     "eval.inception_weights", "eval.clip_weights", "eval.reference_stats",
+    "train.fused_optimizer", "train.attention", "train.pin_memory", "train.activation_checkpointing",
+    "train.dist_timeout_minutes",
 }
 
 
@@ -224,6 +232,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.schedule must be constant or cosine, got {cfg.train.schedule!r}")
     if cfg.train.mixed_precision not in ("auto", "no", "bf16", "fp16"):
         raise ConfigError(f"train.mixed_precision must be auto|no|bf16|fp16, got {cfg.train.mixed_precision!r}")
+    if cfg.train.grad_accum < 1:
+        raise ConfigError(f"train.grad_accum must be at least 1, got {cfg.train.grad_accum}")
+    if cfg.train.attention not in ("auto", "math"):
+        raise ConfigError(f"train.attention must be auto|math, got {cfg.train.attention!r}")
+    if cfg.train.keep_checkpoints < 1:
+        raise ConfigError("train.keep_checkpoints must be at least 1 (the latest checkpoint is what resumes)")
     if cfg.model.kernels not in ("auto", "torch", "triton"):
         raise ConfigError(f"model.kernels must be auto|torch|triton, got {cfg.model.kernels!r}")
     if cfg.data.path is not None and not Path(cfg.data.path).exists():
