@@ -41,11 +41,15 @@ def train_one(cfg) -> int:
         return fail(str(err))
     try:
         run_dir = trainer.fit()
+    except ConfigError as err:
+        return fail(str(err))
     except (TooManyBadSamples, TrainingStopped) as err:
         return fail(str(err), code=1)
+    finally:
+        trainer.accelerator.end_training()  # destroys the process group: no rank exits mid-collective
     if trainer.stop_signal is not None:
         return 130
-    print(f"run directory: {run_dir}")
+    trainer.accelerator.print(f"run directory: {run_dir}")
     return 0
 
 
@@ -152,6 +156,12 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from maskbench.train.mfu import bench_peak_main
+
+    return bench_peak_main(args.rest)
+
+
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from maskbench.results.leaderboard import leaderboard_main
 
@@ -227,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.set_defaults(func=cmd_leaderboard)
     add_repro_arguments(sub)
+
+    bench = sub.add_parser("bench", help="device figures: `maskbench bench peak` measures the GEMM peak (MFU's "
+                                         "denominator on devices without a table entry)")
+    bench.add_argument("what", choices=("peak",))
+    bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="--device cpu|cuda --precision fp32|...")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -141,6 +141,8 @@ local = np.full((3 - rank, 4), rank, dtype=np.float32)  # uneven: rank 0 has 3 r
 gathered = gather_features(local, acc)
 if rank == 0:
     np.save(sys.argv[1], gathered)
+acc.wait_for_everyone()
+acc.end_training()  # destroy the process group, so no rank exits mid-collective
 """
 
 
@@ -150,6 +152,7 @@ def test_gather_features_two_ranks_uneven(tmp_path):
     out = tmp_path / "gathered.npy"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd = [*torchrun, str(script), str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     gathered = np.load(out)
     np.testing.assert_array_equal(gathered[:, 0], [0, 0, 0, 1, 1])

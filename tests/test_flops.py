@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.models.dit import DiT, ModelConfig, PRESETS
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.text import SynthTextEncoder
+from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.train.flops import plan_phases, sample_step_flops, train_step_flops
 
 BATCH = 2
@@ -32,7 +32,7 @@ def _counted_flops(cfg: ModelConfig, mask_ratio: float, train: bool = True) -> i
     text = SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len) if s["text_encoder"] else None
     model = DiT(cfg, s["image_size"], s["in_channels"], s["context_dim"], text)
     if s["text_encoder"]:
-        context = torch.randint(0, 49408, (BATCH, s["context_len"]))
+        context = torch.randint(0, VOCAB_SIZE, (BATCH, s["context_len"]))
     else:
         context = torch.randn(BATCH, s["context_len"], s["context_dim"])
     context_mask = torch.ones(BATCH, s["context_len"], dtype=torch.bool)

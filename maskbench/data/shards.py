@@ -20,6 +20,7 @@ import json
 import math
 import os
 import tarfile
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -412,11 +413,12 @@ def make_loader(
     max_bad_fraction: float = 0.05,
     min_samples: int = 1_000,
     shuffle_buffer: int = 1_000,
+    pin_memory: bool = False,
 ) -> ShardLoader:
     """An endless, reproducible stream of collated batches from a canonical (or latent) shard dir.
 
-    Every rank resamples all shards with replacement from its own seeded stream (webdataset's
-    `resampled=True` with the node split done by seeding, so ranks never need equal shard counts).
+    Rank r of `world_size` data streams resamples its own shards, `stream_shards`, with replacement
+    from its own seeded stream (webdataset's `resampled=True`, so streams never run dry unevenly).
     `decode` turns a raw sample (bytes per field, plus `__key__`/`__url__`) into a dict of tensors
     and strings, raising `BadSample(reason)` or returning None to skip it. Each batch carries
     `data_stats` (its stream's cumulative seen/bad counts); `ShardLoader.bad_counts()` sums them.
@@ -427,6 +429,7 @@ def make_loader(
     and it costs reading and decoding start_step × batch_size samples (spread over the workers)
     once at start-up, i.e. the data time of the skipped steps without their model time. Each new
     iteration of the loader restarts the stream from `start_step`: iterate it once per run.
+    `pin_memory` returns page-locked tensors, so copies to a GPU can be non-blocking.
     """
     if batch_size < 1 or num_workers < 0 or start_step < 0 or shuffle_buffer < 1:
         raise ValueError("batch_size and shuffle_buffer must be positive, num_workers and start_step non-negative")
@@ -437,7 +440,24 @@ def make_loader(
     if read_manifest(shard_dir)["total"] == 0:
         raise ValueError(f"{shard_dir} holds no samples")
     dataset = _ShardStream(
-        shard_urls(shard_dir), batch_size=batch_size, seed=seed, rank=rank, start_step=start_step, decode=decode,
+        stream_shards(shard_urls(shard_dir), rank, world_size), batch_size=batch_size, seed=seed, rank=rank,
+        start_step=start_step, decode=decode,
         max_bad_fraction=max_bad_fraction, min_samples=min_samples, shuffle_buffer=shuffle_buffer,
     )
-    return ShardLoader(DataLoader(dataset, batch_size=None, num_workers=num_workers))
+    return ShardLoader(DataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory))
+
+
+def stream_shards(urls: list[str], rank: int, world_size: int) -> list[str]:
+    """The shards data stream `rank` of `world_size` resamples: every world_size-th one, when there are enough.
+
+    Disjoint shares mean no sample is drawn by two streams, so the ranks of one global step never
+    train on the same sample. With fewer shards than streams every stream resamples all shards
+    (independent streams, repeats across ranks possible); with a count that does not divide evenly,
+    samples of the smaller shares are drawn more often. Both are warned about: repack with more shards.
+    """
+    if len(urls) % world_size:
+        warnings.warn(f"{len(urls)} shards do not split evenly over {world_size} data streams: "
+                      + ("streams share shards, so a sample can appear on two ranks in one step"
+                         if len(urls) < world_size else "some shards are drawn more often than others")
+                      + "; repack with a multiple of the stream count", stacklevel=3)
+    return urls[rank::world_size] if len(urls) >= world_size else urls

@@ -54,7 +54,9 @@ def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrid
     for point in points:
         state = load_point(run, point, model)
         result = evaluator.evaluate(model, run.samples / f"point-{point:g}")
-        row = leaderboard_row(cfg, data, state, point, result, params, env["n_devices"], env["device"])
+        trained = [r for r in run.eval_records() if r["point"] == point]  # MFU is a training figure: keep it
+        row = leaderboard_row(cfg, data, state, point, result, params, env["n_devices"], env["device"],
+                              trained[-1].get("mfu") if trained else None)
         run.record_eval(row, result, cfg.paths.leaderboard)
         rows.append(row)
     return rows

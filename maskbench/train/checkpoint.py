@@ -45,7 +45,6 @@ class TrainState:
     data_wait_seconds: float = 0.0
     skipped_nonfinite: int = 0
     bad_samples: dict = field(default_factory=dict)
-    evaluated_points: list = field(default_factory=list)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +123,15 @@ class RunDir:
 
     def point_checkpoint(self, point: float) -> Path:
         return self.checkpoints / f"point-{point:g}"
+
+    def eval_records(self) -> list[dict]:
+        """Every line of eval.jsonl (a point evaluated again appears again, later)."""
+        if not self.evals.exists():
+            return []
+        return [json.loads(line) for line in self.evals.read_text().splitlines()]
+
+    def evaluated_points(self) -> list[float]:
+        return [record["point"] for record in self.eval_records()]
 
     def record_eval(self, row: dict, result: dict, leaderboard: str | Path) -> None:
         """Append an evaluated point to eval.jsonl and its row to the leaderboard CSV."""

@@ -5,26 +5,43 @@ randomness of a step (timesteps, noise, caption dropout, which tokens are droppe
 generators seeded by (run seed, rank, step), and the loader replays its stream from the resume step,
 so a resumed run is bit-identical to an uninterrupted one on CPU. Training seconds exclude evaluation
 and checkpointing; wall-clock never decides when a run stops.
+
+Data parallelism: the global batch `train.batch_size` is split over processes × `train.grad_accum`
+data streams. Stream s = rank · grad_accum + micro-batch reads its own disjoint share of the shards
+(`stream_shards`) and draws its randomness from (seed, s, step), so what a step trains on depends on
+the stream count only: 2 processes × 1 micro-batch and 1 process × 2 micro-batches run the same
+steps (up to float summation order). Gradients are all-reduced by the DDP wrapper `prepare` adds,
+every rank decides together (one gather per step) whether a step was finite and whether to stop,
+and only rank 0 writes logs, evaluations and leaderboard rows.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+import functools
 import json
 import math
 import signal
 import time
+import zlib
+from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
+from timm.layers import Attention
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 import maskbench
-from maskbench.config import RunConfig, config_hash, format_arm, run_id, to_dict
+from maskbench.config import ConfigError, RunConfig, config_hash, format_arm, run_id, to_dict
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
-from maskbench.data.shards import make_loader
+from maskbench.data.shards import ShardLoader, make_loader
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs
 from maskbench.models.build import batch_context, build_model
 from maskbench.models.dit import DiT
@@ -34,6 +51,7 @@ from maskbench.train.checkpoint import (RunDir, TrainState, device_name, environ
                                         save_checkpoint, write_atomic)
 from maskbench.train.ema import EMA
 from maskbench.train.flops import PhasePlan, plan_phases, train_step_flops
+from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.objective import interpolate, sample_t, velocity_loss
 
 
@@ -96,37 +114,89 @@ def lr_lambda(cfg: RunConfig, total_steps: int):
     return factor
 
 
-def step_generators(seed: int, rank: int, step: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+def step_generators(seed: int, stream: int, step: int, device: torch.device
+                    ) -> tuple[torch.Generator, torch.Generator]:
     """(CPU generator for t / dropout / masks, device generator for noise), both a function of the step."""
-    value = (seed * 1_000_003 + rank) * 10_000_019 + step
+    value = (seed * 1_000_003 + stream) * 10_000_019 + step
     cpu = torch.Generator().manual_seed(value)
     dev = torch.Generator(device=device).manual_seed(value + 1) if device.type != "cpu" else cpu
     return cpu, dev
+
+
+def batch_digest(batch: dict) -> int:
+    """crc32 of a batch's sample keys: a per-step fingerprint of what a stream read, cheap to log and gather."""
+    return zlib.crc32("\n".join(batch["key"]).encode())
+
+
+def checkpoint_blocks(model: DiT) -> None:
+    """Recompute every mixer and backbone block in backward instead of keeping its activations.
+
+    The wrapper is set on the block instances, not on the class, so a copy taken before (the EMA)
+    keeps plain blocks; a copy taken after would still call this model's blocks.
+    """
+    for block in [*model.mixer, *model.blocks]:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def attention_kernels(choice: str) -> contextlib.AbstractContextManager:
+    """auto lets SDPA pick flash / memory-efficient kernels; math forces the unfused reference kernel."""
+    return sdpa_kernel(SDPBackend.MATH) if choice == "math" else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def preemption_handler(trainer: "Trainer") -> Iterator[None]:
+    """While training, SIGINT/SIGTERM only ask the loop to checkpoint and stop at the end of the step."""
+    def request_stop(signum, _frame):
+        trainer.stop_signal = signum
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class Trainer:
     def __init__(self, cfg: RunConfig, accelerator: Accelerator | None = None):
         self.cfg = cfg
         self.accelerator = accelerator or make_accelerator(cfg)
+        self.n_streams = self.accelerator.num_processes * cfg.train.grad_accum
+        if cfg.train.batch_size % self.n_streams:
+            raise ValueError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
+                             f"train.grad_accum = {self.n_streams}")
         # Plan first: a budget too small for one step is refused before any data is generated.
         self.schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False))
-        self.data = resolve_dataset(cfg.data, cfg.paths.data)
+        with self.accelerator.main_process_first():  # rank 0 generates missing synth data, the others read it
+            self.data = resolve_dataset(cfg.data, cfg.paths.data)
         check_eval_inputs(self.data, cfg.eval)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
+
+    @property
+    def streams(self) -> range:
+        """This rank's data streams, one per micro-batch."""
+        accum = self.cfg.train.grad_accum
+        return range(self.accelerator.process_index * accum, (self.accelerator.process_index + 1) * accum)
 
     # ----------------------------------------------------------------------------------- setup
     def setup(self) -> None:
         cfg, acc = self.cfg, self.accelerator
         torch.manual_seed(cfg.seed)  # initial weights: a function of the run seed alone
         model = build_model(cfg.model, self.data)
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.fused_attn = True  # SDPA even where timm's settings would pick its unfused path
         self.params = sum(p.numel() for p in model.parameters())
         self.ema = EMA(model, cfg.train.ema_decay)
+        if cfg.train.activation_checkpointing:
+            checkpoint_blocks(model)
+        fused = cfg.train.fused_optimizer and acc.device.type == "cuda"
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
-                                      weight_decay=cfg.train.weight_decay)
+                                      weight_decay=cfg.train.weight_decay, fused=fused or None)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, self.schedule.total_steps))
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        # Static shapes: K changes with the mask ratio, so each phase compiles its own graph once.
+        self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
         self.state = TrainState()
         acc.register_for_checkpointing(self.ema, self.state)
         if acc.is_main_process:
@@ -134,56 +204,104 @@ class Trainer:
         acc.wait_for_everyone()
         latest = self.run.latest_checkpoint()
         if latest is not None:
+            trained_on = json.loads(self.run.env.read_text())["n_devices"]
+            if trained_on != acc.num_processes:
+                raise ConfigError(f"{self.run.root.name} was trained on {trained_on} processes; resume it on "
+                                 f"{trained_on} (each process replays its own data streams)")
             load_checkpoint(acc, latest)
             if acc.is_main_process:
                 self.run.truncate_logs(self.state.step)
                 print(f"resuming {self.run.root.name} at step {self.state.step}")
         self.evaluator: Evaluator | None = None
 
+    def make_loaders(self) -> list[ShardLoader]:
+        """One loader per stream of this rank, each resuming at the current step."""
+        cfg, acc = self.cfg, self.accelerator
+        return [make_loader(self.data.train_dir, batch_size=cfg.train.batch_size // self.n_streams, seed=cfg.seed,
+                            rank=stream, world_size=self.n_streams, num_workers=cfg.data.num_workers,
+                            start_step=self.state.step, decode=self.data.decode,
+                            max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer,
+                            pin_memory=cfg.train.pin_memory and acc.device.type == "cuda")
+                for stream in self.streams]
+
     # ------------------------------------------------------------------------------------ step
-    def train_step(self, batch: dict, phase: PhasePlan, step: int) -> dict:
-        cfg, acc, model = self.cfg, self.accelerator, self.model
-        unwrapped: DiT = acc.unwrap_model(model)
-        gen_cpu, gen_dev = step_generators(cfg.seed, acc.process_index, step, acc.device)
-        x0 = batch["image"].to(acc.device, non_blocking=True)                          # B×C×H×W
-        B = x0.shape[0]
-        t = sample_t(B, gen_cpu, torch.device("cpu")).to(acc.device)                   # B
-        drop = (torch.rand(B, generator=gen_cpu) < cfg.train.caption_dropout).to(acc.device)  # B
-        keep_idx = random_keep_idx(B, unwrapped.seq_len, phase.mask_ratio, generator=gen_cpu,
+    def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> torch.Tensor:
+        """The rectified-flow loss of one stream's micro-batch, its randomness drawn from (seed, stream, step)."""
+        cfg, acc = self.cfg, self.accelerator
+        unwrapped: DiT = acc.unwrap_model(self.model)
+        gen_cpu, gen_dev = step_generators(cfg.seed, stream, step, acc.device)
+        x0 = batch["image"].to(acc.device, non_blocking=True)                          # b×C×H×W
+        b = x0.shape[0]
+        t = sample_t(b, gen_cpu, torch.device("cpu")).to(acc.device)                   # b
+        drop = (torch.rand(b, generator=gen_cpu) < cfg.train.caption_dropout).to(acc.device)  # b
+        keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=gen_cpu,
                                    device=acc.device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
-        noise = torch.randn(x0.shape, generator=gen_dev, device=acc.device)            # B×C×H×W
-        target = unwrapped.patchify(noise - x0)                                         # B×L×P
+        noise = torch.randn(x0.shape, generator=gen_dev, device=acc.device)            # b×C×H×W
+        target = unwrapped.patchify(noise - x0)                                         # b×L×P
         if keep_idx is not None:
-            target = gather_tokens(target, keep_idx, impl="torch")                       # B×K×P
+            target = gather_tokens(target, keep_idx, impl="torch")                       # b×K×P
         context, context_mask = batch_context(unwrapped, batch, acc.device)
         with acc.autocast():
-            pred = self.forward(interpolate(x0, noise, t), t, context, context_mask, keep_idx, drop)  # B×K×P
-        loss = velocity_loss(pred, target)
-        if not torch.isfinite(loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            return {"loss": float("nan"), "grad_norm": float("nan"), "finite": False}
-        acc.backward(loss)
-        grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+            pred = self.forward(interpolate(x0, noise, t), t, context, context_mask, keep_idx, drop)  # b×K×P
+        return velocity_loss(pred, target)
+
+    def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> torch.Tensor:
+        """Backward over this rank's micro-batches (all-reduced once, after the last); returns their losses."""
+        acc, losses = self.accelerator, []
+        for micro, (stream, batch) in enumerate(zip(self.streams, batches)):
+            sync = micro == len(batches) - 1
+            # The kernel choice spans backward too: activation checkpointing recomputes attention there.
+            with contextlib.nullcontext() if sync else acc.no_sync(self.model), \
+                    attention_kernels(self.cfg.train.attention):
+                loss = self.stream_loss(batch, phase, stream, step)
+                acc.backward(loss / len(batches))
+            losses.append(loss.detach())
+        return torch.stack(losses)                                                       # grad_accum
+
+    def apply_update(self, losses_finite: bool) -> tuple[float, bool]:
+        """Clip and step, or drop the gradients of a non-finite step; returns (grad norm, stepped)."""
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip))
+        stepped = losses_finite and math.isfinite(grad_norm)
+        if stepped:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.ema.update(self.accelerator.unwrap_model(self.model))
         self.optimizer.zero_grad(set_to_none=True)
-        self.ema.update(unwrapped)
-        return {"loss": acc.gather(loss.detach()).mean().item(), "grad_norm": float(grad_norm), "finite": True}
+        return grad_norm, stepped
+
+    def train_step(self, batch_iters: list, phase: PhasePlan, step: int) -> dict:
+        """Read, forward, backward and update; every number returned is the same on every rank."""
+        acc, waits, batches = self.accelerator, [], []
+        for batch_iter in batch_iters:
+            tick = time.perf_counter()
+            batches.append(next(batch_iter))
+            waits.append(time.perf_counter() - tick)
+        losses = self.accumulate_gradients(batches, phase, step)                       # grad_accum
+        stop = float(self.stop_signal is not None)
+        local = [[loss, batch_digest(batch), wait, stop] for loss, batch, wait in zip(losses.tolist(), batches, waits)]
+        stats = acc.gather(torch.tensor(local, dtype=torch.float64, device=acc.device)).cpu()  # streams×4
+        grad_norm, stepped = self.apply_update(bool(torch.isfinite(stats[:, 0]).all()))
+        return {"loss": stats[:, 0].mean().item(), "grad_norm": grad_norm, "finite": stepped,
+                "data_digest": [f"{int(d):08x}" for d in stats[:, 1]],
+                "data_wait": stats[:, 2].view(acc.num_processes, -1).sum(1).max().item(),  # the slowest rank
+                "stop": bool(stats[:, 3].any())}
 
     # ------------------------------------------------------------------------------------- run
     def fit(self) -> Path:
         """Train to the budget (resuming if the run directory has a checkpoint), evaluating at each point."""
         if self.run.is_finished():
-            print(f"{self.run.root} is finished; not retraining (delete it to start over)")
+            self.accelerator.print(f"{self.run.root} is finished; not retraining (delete it to start over)")
             return self.run.root
         self.setup()
+        point = self.schedule.eval_steps.get(self.state.step)
+        if point is not None and point not in self.run.evaluated_points():
+            self._eval_point(point, save=False)  # stopped between the point's checkpoint and its evaluation
+        with preemption_handler(self):
+            return self._train(self.make_loaders())
+
+    def _train(self, loaders: list[ShardLoader]) -> Path:
         acc, cfg, schedule, state = self.accelerator, self.cfg, self.schedule, self.state
-        loader = make_loader(self.data.train_dir, batch_size=cfg.train.batch_size // acc.num_processes,
-                             seed=cfg.seed, rank=acc.process_index, world_size=acc.num_processes,
-                             num_workers=cfg.data.num_workers, start_step=state.step, decode=self.data.decode,
-                             max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer)
-        batches = iter(loader)
-        self._install_signal_handlers()
+        batch_iters = [iter(loader) for loader in loaders]
         bar = tqdm(total=schedule.total_flops, initial=state.flops, unit="FLOP", unit_scale=True,
                    disable=not acc.is_main_process, desc=self.run.root.name, dynamic_ncols=True)
         last_checkpoint, bad_in_row = time.monotonic(), 0
@@ -191,9 +309,7 @@ class Trainer:
             while state.step < schedule.total_steps:
                 phase = schedule.phase_at(state.step)
                 tick = time.perf_counter()
-                batch = next(batches)
-                data_wait = time.perf_counter() - tick
-                out = self.train_step(batch, phase, state.step)
+                out = self.train_step(batch_iters, phase, state.step)
                 if acc.device.type == "cuda":
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - tick
@@ -205,14 +321,15 @@ class Trainer:
                 state.step += 1
                 state.flops += phase.flops_per_step
                 state.train_seconds += seconds
-                state.data_wait_seconds += data_wait
-                state.bad_samples = loader.bad_counts()
+                state.data_wait_seconds += out["data_wait"]
+                state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
                 if acc.is_main_process:
                     metrics_log.write(json.dumps({
                         "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
                         "lr": self.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
-                        "flops": state.flops, "seconds": state.train_seconds, "data_wait": data_wait,
-                        "bad_samples": state.bad_samples, "skipped_nonfinite": state.skipped_nonfinite}) + "\n")
+                        "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
+                        "data_digest": out["data_digest"], "bad_samples": state.bad_samples,
+                        "skipped_nonfinite": state.skipped_nonfinite}) + "\n")
                 bar.update(phase.flops_per_step)
                 bar.set_postfix_str(f"step {state.step}/{schedule.total_steps} mask {phase.mask_ratio:g} "
                                     f"loss {out['loss']:.4f}", refresh=False)
@@ -223,53 +340,50 @@ class Trainer:
                 elif time.monotonic() - last_checkpoint > cfg.train.checkpoint_minutes * 60:
                     save_checkpoint(acc, self.run, f"step-{state.step:08d}", state.step, cfg.train.keep_checkpoints)
                     last_checkpoint = time.monotonic()
-                if self._should_stop(state.step):
+                if out["stop"] or state.step == cfg.train.stop_at_step:
                     metrics_log.flush()
                     bar.close()
-                    return self._stop()
+                    return self._stop(out["stop"])
         bar.close()
         if acc.is_main_process:
             write_atomic(self.run.done, json.dumps({"step": state.step, "flops": state.flops,
                                                     "train_seconds": state.train_seconds}))
         return self.run.root
 
-    def _should_stop(self, step: int) -> bool:
-        return self.stop_signal is not None or step == self.cfg.train.stop_at_step
-
-    def _stop(self) -> Path:
-        """Preemption or a requested stop: save where we are so that rerunning resumes here."""
+    def _stop(self, signalled: bool) -> Path:
+        """Preemption (a signal on any rank) or a requested stop: save where we are so that rerunning resumes here."""
         state = self.state
         if state.step not in self.schedule.eval_steps:
             save_checkpoint(self.accelerator, self.run, f"step-{state.step:08d}", state.step,
                             self.cfg.train.keep_checkpoints)
-        reason = f"signal {self.stop_signal}" if self.stop_signal is not None else "train.stop_at_step"
-        print(f"stopped at step {state.step} ({reason}); checkpoint saved, rerun the same command to resume")
+        reason = "a signal" if signalled else "train.stop_at_step"
+        self.accelerator.print(f"stopped at step {state.step} ({reason}); checkpoint saved, "
+                               "rerun the same command to resume")
         return self.run.root
 
-    def _install_signal_handlers(self) -> None:
-        def request_stop(signum, _frame):
-            self.stop_signal = signum
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, request_stop)
 
     # ------------------------------------------------------------------------------------ eval
-    def _eval_point(self, point: float) -> None:
+    def _eval_point(self, point: float, save: bool = True) -> None:
         acc, state = self.accelerator, self.state
-        save_checkpoint(acc, self.run, f"point-{point:g}", state.step, self.cfg.train.keep_checkpoints)
-        if point in state.evaluated_points or not acc.is_main_process:
+        if save:
+            save_checkpoint(acc, self.run, f"point-{point:g}", state.step, self.cfg.train.keep_checkpoints)
+        if not acc.is_main_process:
             acc.wait_for_everyone()
             return
         if self.evaluator is None:
             self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device)
         result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}")
+        peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
+        utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak)
+        print(f"point {point:g}: MFU {utilisation:.1%} of {peak / 1e12:.3g} TFLOP/s per device ({source})")
         row = leaderboard_row(self.cfg, self.data, self.state, point, result, self.params,
-                              acc.num_processes, device_name(acc.device))
+                              acc.num_processes, device_name(acc.device), utilisation)
         self.run.record_eval(row, result, self.cfg.paths.leaderboard)
-        state.evaluated_points.append(point)
         acc.wait_for_everyone()
 
+
 def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point: float, result: dict,
-                    params: int, n_devices: int, device: str) -> dict:
+                    params: int, n_devices: int, device: str, mfu: float | None = None) -> dict:
     """One leaderboard row: what was trained (from the config and counters) and what was measured."""
     return {
         "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data.name,
@@ -277,7 +391,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
-        "n_devices": n_devices, "val_loss": result["val_loss"],
+        "n_devices": n_devices, "mfu": mfu, "val_loss": result["val_loss"],
         "fid": result.get("fid"), "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"),
         "clip_score": result.get("clip_score"), "clip_cos": result.get("clip_cos"),
         "clip_model": result.get("clip_model"), "align_acc": result.get("align_acc"),
@@ -288,11 +402,15 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
 
 
 def make_accelerator(cfg: RunConfig) -> Accelerator:
+    """bf16 on GPUs, fp32 on CPU; the LR schedule steps once per optimizer step (accelerate's default
+    steps it once per process), and collectives wait out rank 0's evaluations."""
     cuda = torch.cuda.is_available()
     precision = cfg.train.mixed_precision
     if precision == "auto":
         precision = "bf16" if cuda else "no"
-    return Accelerator(cpu=not cuda, mixed_precision=precision)
+    timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.train.dist_timeout_minutes))
+    return Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
+                       kwargs_handlers=[timeout])
 
 
 def train(cfg: RunConfig) -> Path:

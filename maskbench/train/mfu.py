@@ -1,0 +1,117 @@
+"""Model FLOPs utilisation: analytic training FLOPs ÷ (training seconds × devices × device peak).
+
+The numerator is the same analytic count that sizes the budget (`maskbench.train.flops`), so MFU says
+how much of the hardware the recipe used, not how many FLOPs the kernels happened to execute (fused
+attention recomputes QKᵀ in backward; that work is not counted). The denominator is the vendor's
+dense peak for known GPUs at the precision the matmuls run in, and a measured GEMM peak elsewhere
+(CPUs, unlisted GPUs): there is no spec sheet for a shared 2-core VM, and a measured peak makes CPU
+MFU mean "fraction of what this machine's BLAS reaches on large matmuls".
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+
+import torch
+
+# Dense (no sparsity) peak FLOP/s per device. Checked in order: the first name contained in
+# torch.cuda.get_device_name wins, so variants come before their family.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51.2e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 66.9e12},   # SXM
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 66.9e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
+    "V100": {"fp16": 125e12, "fp32": 15.7e12},
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
+
+
+def mfu(flops: float, seconds: float, n_devices: int, peak_flops: float) -> float:
+    """Fraction of the devices' peak that `flops` of model work in `seconds` of training used."""
+    if seconds <= 0 or n_devices < 1 or peak_flops <= 0:
+        raise ValueError(f"MFU needs seconds > 0, n_devices >= 1 and peak > 0; got {seconds}, {n_devices}, "
+                         f"{peak_flops}")
+    return flops / (seconds * n_devices * peak_flops)
+
+
+def table_peak(device_name: str, precision: str) -> float | None:
+    """The spec-sheet peak of a known GPU at `precision` (bf16|fp16|tf32|fp32), or None if not listed."""
+    if precision not in DTYPES:
+        raise ValueError(f"precision must be one of {', '.join(DTYPES)}; got {precision!r}")
+    for name, peaks in PEAK_FLOPS.items():
+        if name in device_name:
+            return peaks.get(precision)
+    return None
+
+
+def matmul_precision(mixed_precision: str, device: torch.device) -> str:
+    """The precision the training matmuls run in: the autocast dtype, else tf32 if CUDA allows it."""
+    if mixed_precision in ("bf16", "fp16"):
+        return mixed_precision
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "fp32"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@functools.cache
+def measure_gemm_peak(device: str = "cpu", precision: str = "fp32", n: int | None = None, reps: int = 10) -> float:
+    """Median FLOP/s of n×n matmuls at `precision` on `device`, measured once per process.
+
+    n defaults to 1024 on CPU (large enough to reach BLAS peak, small enough to take about a
+    second on two cores) and 8192 on GPUs (tensor cores need big tiles to saturate).
+    """
+    dev = torch.device(device)
+    n = n or (8192 if dev.type == "cuda" else 1024)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        a = torch.randn(n, n, device=dev, dtype=DTYPES[precision])
+        b = torch.randn(n, n, device=dev, dtype=DTYPES[precision])
+        times = []
+        for _ in range(reps + 1):  # the first call warms up (allocator, BLAS dispatch), not timed
+            _sync(dev)
+            start = time.perf_counter()
+            torch.mm(a, b)
+            _sync(dev)
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return 2 * n ** 3 / statistics.median(times[1:])
+
+
+def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
+    """(peak FLOP/s of one device, where the figure comes from: 'table:<GPU>' or 'measured')."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = table_peak(name, precision)
+        if peak is not None:
+            return peak, f"table:{name}"
+    return measure_gemm_peak(str(device), precision), "measured"
+
+
+def bench_peak_main(argv: list[str] | None = None) -> int:
+    """`maskbench bench peak`: print the MFU denominator of this machine, measured and (GPUs) tabled."""
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser = argparse.ArgumentParser(prog="maskbench bench peak", description=bench_peak_main.__doc__)
+    parser.add_argument("--device", default=default_device, help=f"torch device (default {default_device})")
+    parser.add_argument("--precision", default="fp32" if default_device == "cpu" else "bf16", choices=list(DTYPES))
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    measured = measure_gemm_peak(str(device), args.precision)
+    print(f"{device} {args.precision}: measured GEMM peak {measured / 1e12:.3f} TFLOP/s "
+          f"({torch.get_num_threads()} CPU threads)")
+    if device.type == "cuda":
+        peak = table_peak(torch.cuda.get_device_name(device), args.precision)
+        listed = f"{peak / 1e12:.1f} TFLOP/s" if peak else "not listed"
+        print(f"{torch.cuda.get_device_name(device)} spec-sheet dense peak: {listed} (used for MFU when listed)")
+    return 0

@@ -1,0 +1,88 @@
+"""Data-parallel training: 2 CPU processes (torchrun, gloo) against 1 process with 2 micro-batches.
+
+A step's data and randomness are a function of its data stream (process × micro-batch), so a
+2-process run and a 1-process run with train.grad_accum=2 train on the same samples with the same
+noise; the only difference left is where the two halves of the gradient are summed (a gloo
+all-reduce or autograd accumulation), so their loss traces must agree to float rounding (LOSS_RTOL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from maskbench.config import load_config
+from maskbench.data.shards import make_loader
+from maskbench.results.leaderboard import read_rows
+from maskbench.train.loop import Trainer, batch_digest, train
+from tests.conftest import tiny_overrides
+
+LOSS_RTOL = 1e-5   # float32 summation order; observed bit-identical on CPU
+ARM = ("arm=mask75_then0", "budget.flops=1.2e9", "data.shuffle_buffer=32")
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _torchrun(tmp: Path, synth_root: Path, *extra: str) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "maskbench", "run", *tiny_overrides(tmp, synth_root, *ARM, *extra)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, synth_root) -> Path:
+    """The reference: one process reading both data streams as two micro-batches."""
+    tmp = tmp_path_factory.mktemp("one")
+    return train(load_config(tiny_overrides(tmp, synth_root, *ARM, "train.grad_accum=2")))
+
+
+def test_two_processes_with_resume_match_one_process(tmp_path, synth_root, one_process):
+    _torchrun(tmp_path, synth_root, "train.stop_at_step=3")
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert len(_metrics(run_dir)) == 3 and not (run_dir / "done.json").exists()
+    _torchrun(tmp_path, synth_root)  # resumes on both ranks from step 3
+    two, one = _metrics(run_dir), _metrics(one_process)
+    assert (run_dir / "done.json").exists() and len(two) == len(one) > 10
+    assert [m["data_digest"] for m in two] == [m["data_digest"] for m in one]
+    for a, b in zip(two, one):
+        assert a["loss"] == pytest.approx(b["loss"], rel=LOSS_RTOL), (a["step"], a["loss"], b["loss"])
+    rows = read_rows([tmp_path / "leaderboard.csv"])
+    assert [r["point"] for r in rows] == [0.5, 1.0]                       # written once, by rank 0
+    assert all(r["n_devices"] == 2 and r["batch_size"] == 8 and 0 < r["mfu"] < 1 for r in rows)
+    reference = read_rows([one_process.parent.parent / "leaderboard.csv"])
+    assert [r["train_flops"] for r in rows] == [r["train_flops"] for r in reference]
+
+
+def test_each_stream_reads_its_own_shards_and_logs_what_it_read(synth_root, one_process):
+    """The logged digests are those of make_loader's stream 0 and 1, whose samples never overlap."""
+    logged = [m["data_digest"] for m in _metrics(one_process)][:6]
+    keys = []
+    for stream in (0, 1):
+        loader = make_loader(synth_root / "train", batch_size=4, seed=0, rank=stream, world_size=2,
+                             shuffle_buffer=32)
+        batches = [batch for batch, _ in zip(loader, range(6))]
+        assert [f"{batch_digest(b):08x}" for b in batches] == [digests[stream] for digests in logged]
+        keys.append({key for b in batches for key in b["key"]})
+    assert keys[0] and keys[1] and not keys[0] & keys[1]
+
+
+def test_activation_checkpointing_and_math_attention_keep_the_loss_trace(tmp_path, synth_root, one_process):
+    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, *ARM, "train.grad_accum=2",
+                                               "train.activation_checkpointing=true", "train.attention=math")))
+    assert run_dir.name == one_process.name  # speed switches do not name a different run
+    for a, b in zip(_metrics(run_dir), _metrics(one_process), strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=LOSS_RTOL)
+
+
+def test_batch_must_split_evenly_over_streams(tmp_path, synth_root):
+    with pytest.raises(ValueError, match="divisible by processes × train.grad_accum = 3"):
+        Trainer(load_config(tiny_overrides(tmp_path, synth_root, "train.grad_accum=3")))

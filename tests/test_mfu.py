@@ -1,0 +1,44 @@
+"""MFU: the formula, the spec-sheet table, and the measured GEMM peak that stands in for it on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from maskbench.train.mfu import bench_peak_main, device_peak, matmul_precision, measure_gemm_peak, mfu, table_peak
+
+
+def test_mfu_is_model_flops_over_device_seconds_times_peak():
+    # 8 H100s at 989 TFLOP/s for an hour reach 2.848e19 FLOPs at 100%; half of that is 50%.
+    assert mfu(0.5 * 8 * 3600 * 989e12, 3600.0, 8, 989e12) == pytest.approx(0.5)
+    assert mfu(1e12, 2.0, 1, 1e12) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="seconds > 0"):
+        mfu(1e12, 0.0, 1, 1e12)
+
+
+def test_table_matches_device_names_variant_first():
+    assert table_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12          # SXM
+    assert table_peak("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert table_peak("NVIDIA H200", "bf16") == 989e12
+    assert table_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert table_peak("NVIDIA A100-SXM4-80GB", "tf32") == 156e12
+    assert table_peak("Tesla V100-SXM2-16GB", "bf16") is None             # no bf16 tensor cores
+    assert table_peak("NVIDIA GeForce GT 710", "fp32") is None
+    with pytest.raises(ValueError, match="precision must be one of"):
+        table_peak("NVIDIA H100", "int8")
+
+
+def test_precision_follows_autocast_then_tf32():
+    cpu = torch.device("cpu")
+    assert matmul_precision("bf16", cpu) == "bf16"
+    assert matmul_precision("no", cpu) == "fp32"
+
+
+def test_cpu_peak_is_measured_once_per_process(capsys):
+    peak = measure_gemm_peak("cpu", "fp32", n=256, reps=3)
+    assert 1e8 < peak < 1e14                       # between 0.1 GFLOP/s and 100 TFLOP/s
+    assert measure_gemm_peak("cpu", "fp32", n=256, reps=3) == peak  # cached, not re-measured
+    figure, source = device_peak(torch.device("cpu"), "fp32")
+    assert figure > 0 and source == "measured"
+    assert bench_peak_main(["--device", "cpu", "--precision", "fp32"]) == 0
+    assert "measured GEMM peak" in capsys.readouterr().out
