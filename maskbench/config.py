@@ -78,7 +78,7 @@ class EvalConfig:
 
 @dataclass
 class BudgetConfig:
-    flops: float = 1.5e13          # training FLOPs (fwd+bwd, analytic) every arm gets
+    flops: float = 1.0e13          # training FLOPs (fwd+bwd, analytic) every arm gets
 
 
 @dataclass

@@ -79,3 +79,16 @@ def test_console_script_help_lists_subcommands():
 def test_config_error_is_a_value_error():
     with pytest.raises(ConfigError):
         load_config(["eval.points=[0.0]"])
+
+
+def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other():
+    from maskbench.data.dataset import resolve_dataset
+    from maskbench.train.loop import make_schedule
+
+    spent = {}
+    for arm in ("mask0", "mask75", "mask75_then0"):
+        cfg = load_config([f"arm={arm}"])
+        schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False))
+        spent[arm] = schedule.total_flops
+        assert spent[arm] <= cfg.budget.flops
+    assert max(spent.values()) / min(spent.values()) < 1.01, spent
