@@ -44,6 +44,12 @@ class ArmConfig:
 
 
 @dataclass
+class MixSource:
+    path: str = ""        # a folder holding train/ and val/ shard dirs
+    weight: float = 1.0   # relative sampling weight
+
+
+@dataclass
 class DataConfig:
     name: str = "synth"
     path: Optional[str] = None     # directory holding train/ and val/ shard dirs; None = generated under paths.data
@@ -57,6 +63,7 @@ class DataConfig:
     num_workers: int = 0
     shuffle_buffer: int = 1_000
     max_bad_fraction: float = 0.05
+    mix: list[MixSource] = field(default_factory=list)  # data=mix: sources sampled by weight
 
 
 @dataclass
@@ -127,7 +134,7 @@ class RunConfig:
 
 # Fields that cannot change what a run learns or measures; everything else names the run.
 _NOT_RESULT_FIELDS = {
-    "paths", "data.path", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
+    "paths", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
     "train.keep_checkpoints", "train.stop_at_step", "eval.batch_size", "arm.description",
     "eval.inception_weights", "eval.clip_weights", "eval.reference_stats",
     "train.fused_optimizer", "train.attention", "train.pin_memory", "train.activation_checkpointing",

@@ -18,6 +18,7 @@ import pytest
 
 from maskbench.config import load_config
 from maskbench.data.shards import make_loader
+from maskbench.eval.evaluate import load_samples
 from maskbench.results.leaderboard import read_rows
 from maskbench.train.loop import Trainer, batch_digest, train
 from tests.conftest import tiny_overrides
@@ -60,6 +61,10 @@ def test_two_processes_with_resume_match_one_process(tmp_path, synth_root, one_p
     assert all(r["n_devices"] == 2 and r["batch_size"] == 8 and 0 < r["mfu"] < 1 for r in rows)
     reference = read_rows([one_process.parent.parent / "leaderboard.csv"])
     assert [r["train_flops"] for r in rows] == [r["train_flops"] for r in reference]
+    # both ranks sampled half of the prompts; gathered in prompt order they match the 1-process samples
+    two_samples, one_samples = (load_samples(d / "samples" / "point-1") for d in (run_dir, one_process))
+    assert two_samples.shape == one_samples.shape == (8, 32, 32, 3)
+    assert (two_samples.float() - one_samples.float()).abs().mean() < 1.0
 
 
 def test_each_stream_reads_its_own_shards_and_logs_what_it_read(synth_root, one_process):

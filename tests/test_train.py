@@ -121,3 +121,11 @@ def test_short_run_lowers_validation_loss(tmp_path, synth_root):
                    "train.lr=2e-3")
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evals[-1]["val_loss"] < 0.9 * evals[0]["val_loss"], evals
+
+
+def test_rank_shares_cover_the_prompts_in_order():
+    from maskbench.eval.evaluate import rank_share
+
+    for n, world in ((8, 2), (7, 3), (2, 4)):
+        shares = [rank_share(n, rank, world) for rank in range(world)]
+        assert [i for share in shares for i in share] == list(range(n))

@@ -7,7 +7,7 @@ generated on first use, a small trainable text encoder) and latent shards from `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from maskbench.config import ConfigError, DataConfig
@@ -24,6 +24,12 @@ class DatasetInfo:
     latent: bool          # True: KEY.latent.npy + KEY.txtemb.npy; False: image + caption
     context_dim: int      # text embedding width (0 = the model's own synth text encoder)
     context_len: int
+    mix: tuple[tuple[Path, float], ...] = ()  # data=mix: (train dir, weight) of every source
+
+    @property
+    def train_source(self) -> Path | list[tuple[Path, float]]:
+        """What the loader reads: the train shard dir, or the weighted train dirs of a mix."""
+        return list(self.mix) if self.mix else self.train_dir
 
     def decode(self, sample: dict) -> dict:
         """The shard decoder for this data: image + caption, or latent + text embedding."""
@@ -36,8 +42,25 @@ def synth_dir(cfg: DataConfig, data_root: str | Path) -> Path:
                               f"-n{cfg.n_train}-v{cfg.n_val}-s{cfg.seed}")
 
 
+def resolve_mix(cfg: DataConfig) -> DatasetInfo:
+    """Several shard roots sampled by weight; they must agree on shapes. Eval uses the first's val split."""
+    if not cfg.mix:
+        raise ConfigError("data=mix needs data.mix=[{path: DIR, weight: W}, ...]")
+    infos = [resolve_dataset(DataConfig(name=cfg.name, path=source.path, image_size=cfg.image_size,
+                                        channels=cfg.channels), "") for source in cfg.mix]
+    shapes = {(i.image_size, i.channels, i.latent, i.context_dim, i.context_len) for i in infos}
+    if len(shapes) > 1:
+        raise ConfigError(f"data.mix sources differ in shape (size, channels, latent, text dim, text len): {shapes}")
+    if any(source.weight <= 0 for source in cfg.mix):
+        raise ConfigError("data.mix weights must be positive")
+    mix = tuple((info.train_dir, source.weight) for info, source in zip(infos, cfg.mix))
+    return replace(infos[0], name=cfg.name, mix=mix)
+
+
 def resolve_dataset(cfg: DataConfig, data_root: str | Path, create: bool = True) -> DatasetInfo:
     """Locate (and, for synth, generate on first use) the train/val shards of a data config."""
+    if cfg.mix:
+        return resolve_mix(cfg)
     if cfg.path is None and cfg.name != "synth":
         raise ConfigError(f"data {cfg.name!r} needs data.path=DIR (a folder with train/ and val/ shards)")
     if cfg.path is None:

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -337,6 +337,18 @@ def _with_stats(batches: Iterator[dict], counter: BadSampleCounter, stream: int)
         yield batch
 
 
+def _mix(sources: list[Iterable[dict]], weights: list[float], seed: int) -> Iterator[dict]:
+    """Interleave endless sample streams, drawing the source of each sample with the given weights.
+
+    webdataset's RandomMix draws from Python's global `random`, so it is not reproducible; this draws
+    from a generator seeded by the stream.
+    """
+    iterators = [iter(source) for source in sources]
+    rng = np.random.default_rng(seed)
+    while True:
+        yield next(iterators[rng.choice(len(iterators), p=weights)])
+
+
 @dataclass
 class _ShardStream(IterableDataset):
     """One rank's batches; each DataLoader worker builds its own deterministic stream on iteration.
@@ -347,7 +359,8 @@ class _ShardStream(IterableDataset):
     stream made before step s: the resumed run then yields exactly batches s, s+1, ...
     """
 
-    urls: list[str]
+    sources: list[list[str]]  # the shard urls of each source (one source unless mixing)
+    weights: list[float]      # sampling probability of each source
     batch_size: int
     seed: int
     rank: int
@@ -364,12 +377,19 @@ class _ShardStream(IterableDataset):
         skip = max(0, math.ceil((self.start_step - stream) / n_workers))  # batches i < start_step, i % W == stream
         shard_seed, shuffle_seed = np.random.SeedSequence([self.seed, self.rank, stream]).generate_state(2)
         counter = BadSampleCounter(self.max_bad_fraction, self.min_samples)
+        per_source = [
+            wds.DataPipeline(
+                # ResampledShards mixes worker_seed(), its epoch (0: the pipeline is new) and seed; rank
+                # and stream enter through shard_seed, so ranks draw different shard sequences.
+                wds.ResampledShards(urls, seed=source, worker_seed=lambda: int(shard_seed), deterministic=True),
+                lambda shards: _read_samples(shards, counter),
+                lambda samples: _decode_samples(samples, self.decode, counter),
+            )
+            for source, urls in enumerate(self.sources)
+        ]
+        mixed = per_source[0] if len(per_source) == 1 else lambda: _mix(per_source, self.weights, int(shard_seed))
         pipeline = wds.DataPipeline(
-            # ResampledShards mixes worker_seed(), its epoch (0: the pipeline is new) and seed; rank
-            # and stream enter through shard_seed, so ranks draw different shard sequences.
-            wds.ResampledShards(self.urls, seed=0, worker_seed=lambda: int(shard_seed), deterministic=True),
-            lambda shards: _read_samples(shards, counter),
-            lambda samples: _decode_samples(samples, self.decode, counter),
+            mixed,
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, seed=int(shuffle_seed)),
             wds.batched(self.batch_size, collation_fn=default_collate, partial=False),
             lambda batches: _with_stats(batches, counter, stream),
@@ -401,7 +421,7 @@ class ShardLoader:
 
 
 def make_loader(
-    shard_dir: str | os.PathLike,
+    shard_dir: str | os.PathLike | Sequence[tuple[str | os.PathLike, float]],
     *,
     batch_size: int,
     seed: int,
@@ -430,6 +450,8 @@ def make_loader(
     once at start-up, i.e. the data time of the skipped steps without their model time. Each new
     iteration of the loader restarts the stream from `start_step`: iterate it once per run.
     `pin_memory` returns page-locked tensors, so copies to a GPU can be non-blocking.
+    `shard_dir` may instead be a list of (shard dir, weight): each sample then comes from one of those
+    sources, drawn with probability proportional to its weight (`data=mix`).
     """
     if batch_size < 1 or num_workers < 0 or start_step < 0 or shuffle_buffer < 1:
         raise ValueError("batch_size and shuffle_buffer must be positive, num_workers and start_step non-negative")
@@ -437,10 +459,16 @@ def make_loader(
         raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
     if not 0.0 <= max_bad_fraction < 1.0:
         raise ValueError(f"max_bad_fraction must be in [0, 1); got {max_bad_fraction}")
-    if read_manifest(shard_dir)["total"] == 0:
-        raise ValueError(f"{shard_dir} holds no samples")
+    mix = [(shard_dir, 1.0)] if isinstance(shard_dir, (str, os.PathLike)) else list(shard_dir)
+    for directory, weight in mix:
+        if read_manifest(directory)["total"] == 0:
+            raise ValueError(f"{directory} holds no samples")
+        if not weight > 0:
+            raise ValueError(f"mix weight of {directory} must be positive, got {weight}")
+    total = sum(weight for _, weight in mix)
     dataset = _ShardStream(
-        stream_shards(shard_urls(shard_dir), rank, world_size), batch_size=batch_size, seed=seed, rank=rank,
+        [stream_shards(shard_urls(directory), rank, world_size) for directory, _ in mix],
+        [weight / total for _, weight in mix], batch_size=batch_size, seed=seed, rank=rank,
         start_step=start_step, decode=decode,
         max_bad_fraction=max_bad_fraction, min_samples=min_samples, shuffle_buffer=shuffle_buffer,
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import webdataset as wds
+from accelerate import Accelerator
 from PIL import Image
 from torch import nn
 from torchvision.utils import make_grid
@@ -23,7 +24,7 @@ from maskbench.data.dataset import DatasetInfo
 from maskbench.data.shards import BadSample, read_manifest, shard_urls
 from maskbench.data.synth import scene_from_json
 from maskbench.eval.clip import ClipScorer, clip_metrics, resolve_pretrained
-from maskbench.eval.fid import FeatureStats, InceptionFeatures, load_stats, reference_stats
+from maskbench.eval.fid import FeatureStats, InceptionFeatures, gather_features, load_stats, reference_stats
 from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
 from maskbench.models.build import batch_context
@@ -83,16 +84,21 @@ def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], n
 
 
 @torch.no_grad()
-def generate(model: nn.Module, evalset: EvalSet, n: int, cfg: EvalConfig, device: torch.device) -> torch.Tensor:
-    """Samples for the first n held-out prompts, uint8 N×H×W×C, from the fixed per-prompt noise."""
+def generate(model: nn.Module, evalset: EvalSet, indices: range, cfg: EvalConfig, device: torch.device) -> torch.Tensor:
+    """Samples for the held-out prompts at `indices`, uint8 N×H×W×C, from the fixed per-prompt noise."""
     shape = tuple(evalset.images.shape[1:])
-    out = []
-    for start in range(0, n, cfg.batch_size):
-        stop = min(start + cfg.batch_size, n)
+    out = [torch.zeros((0, shape[1], shape[2], shape[0]), dtype=torch.uint8)]
+    for start in range(indices.start, indices.stop, cfg.batch_size):
+        stop = min(start + cfg.batch_size, indices.stop)
         noise = fixed_noise(range(start, stop), shape, cfg.noise_seed).to(device)   # B×C×H×W
         context, mask = batch_context(model, evalset.batch(start, stop), device)
         out.append(to_uint8(euler_sample(model, noise, context, mask, cfg.sampler_steps, cfg.cfg_scale)))
     return torch.cat(out)                                                           # N×H×W×C
+
+
+def rank_share(n: int, rank: int, world: int) -> range:
+    """A contiguous slice of n items for one rank; gathering the slices in rank order restores 0..n-1."""
+    return range(n * rank // world, n * (rank + 1) // world)
 
 
 def save_samples(images: torch.Tensor, out_dir: Path, grid_size: int) -> Path:
@@ -136,17 +142,29 @@ class Evaluator:
         if cfg.clip_model:
             self.clip = ClipScorer(cfg.clip_model, cfg.clip_weights, device)
 
-    def evaluate(self, model: nn.Module, out_dir: Path) -> dict:
-        """All metrics of one eval point, with the model in eval mode; a flat dict of results."""
+    def evaluate(self, model: nn.Module, out_dir: Path, accelerator: Accelerator | None = None) -> dict | None:
+        """All metrics of one eval point, with the model in eval mode; a flat dict of results on the main
+        process (None elsewhere).
+
+        Under several processes every rank samples its share of the prompts and the images are
+        gathered in prompt order; the metrics are then computed once, on the main process.
+        """
         cfg, evalset = self.cfg, self.evalset
+        rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
         was_training = model.training
         model.eval()
-        val_loss, per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device)
-        result = {"val_loss": val_loss, "val_loss_per_t": per_t}
+        images = None
         if not self.data.latent:
-            images = generate(model, evalset, cfg.n_samples, cfg, self.device)
-            result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
-            result.update(self.image_metrics(images))
+            images = generate(model, evalset, rank_share(cfg.n_samples, rank, world), cfg, self.device)
+            if world > 1:
+                images = torch.from_numpy(gather_features(images, accelerator))     # N×H×W×C, prompt order
+        result = None
+        if rank == 0:
+            val_loss, per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device)
+            result = {"val_loss": val_loss, "val_loss_per_t": per_t}
+            if images is not None:
+                result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
+                result.update(self.image_metrics(images))
         model.train(was_training)
         return result
 

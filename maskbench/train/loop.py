@@ -217,7 +217,7 @@ class Trainer:
     def make_loaders(self) -> list[ShardLoader]:
         """One loader per stream of this rank, each resuming at the current step."""
         cfg, acc = self.cfg, self.accelerator
-        return [make_loader(self.data.train_dir, batch_size=cfg.train.batch_size // self.n_streams, seed=cfg.seed,
+        return [make_loader(self.data.train_source, batch_size=cfg.train.batch_size // self.n_streams, seed=cfg.seed,
                             rank=stream, world_size=self.n_streams, num_workers=cfg.data.num_workers,
                             start_step=self.state.step, decode=self.data.decode,
                             max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer,
@@ -364,21 +364,21 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ eval
     def _eval_point(self, point: float, save: bool = True) -> None:
+        """Checkpoint, then evaluate with the EMA weights: every rank samples, the main process scores."""
         acc, state = self.accelerator, self.state
         if save:
             save_checkpoint(acc, self.run, f"point-{point:g}", state.step, self.cfg.train.keep_checkpoints)
-        if not acc.is_main_process:
-            acc.wait_for_everyone()
-            return
         if self.evaluator is None:
-            self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device)
-        result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}")
-        peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
-        utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak)
-        print(f"point {point:g}: MFU {utilisation:.1%} of {peak / 1e12:.3g} TFLOP/s per device ({source})")
-        row = leaderboard_row(self.cfg, self.data, self.state, point, result, self.params,
-                              acc.num_processes, device_name(acc.device), utilisation)
-        self.run.record_eval(row, result, self.cfg.paths.leaderboard)
+            with acc.main_process_first():  # the main process writes any missing reference statistics
+                self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device)
+        result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}", acc)
+        if acc.is_main_process:
+            peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
+            utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak)
+            print(f"point {point:g}: MFU {utilisation:.1%} of {peak / 1e12:.3g} TFLOP/s per device ({source})")
+            row = leaderboard_row(self.cfg, self.data, self.state, point, result, self.params,
+                                  acc.num_processes, device_name(acc.device), utilisation)
+            self.run.record_eval(row, result, self.cfg.paths.leaderboard)
         acc.wait_for_everyone()
 
 
