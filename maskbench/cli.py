@@ -105,19 +105,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return cmd_eval_reference(args.rest)
     from omegaconf import OmegaConf
 
-    from maskbench.config import RunConfig, load_run_config, validate
+    from maskbench.config import load_run_config, validate
     from maskbench.eval.fid import MissingWeights
     from maskbench.eval.reevaluate import evaluate_run
 
+    # REMAINDER keeps `reference`'s own options whole, so options after RUN_DIR are parsed here.
+    rest = argparse.ArgumentParser(prog="maskbench eval RUN_DIR")
+    rest.add_argument("--point", type=float, action="append", default=[])
+    rest.add_argument("overrides", nargs="*")
+    extra = rest.parse_intermixed_args(args.rest)
+    points, overrides = (args.point or []) + extra.point, extra.overrides
     try:
         cfg = load_run_config(args.target)
-        bad = [o for o in args.rest if not o.startswith(("eval.", "paths."))]
+        bad = [o for o in overrides if not o.startswith(("eval.", "paths."))]
         if bad:
             raise ConfigError(f"only eval.* and paths.* can change when re-evaluating; got {bad[0]!r}")
-        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(args.rest))
+        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(overrides))
         cfg = OmegaConf.to_object(merged)
         validate(cfg)
-        rows = evaluate_run(args.target, args.point, overrides=cfg)
+        rows = evaluate_run(args.target, points or None, overrides=cfg)
     except (ConfigError, ValueError, MissingWeights) as err:
         return fail(str(err).splitlines()[0])
     for row in rows:

@@ -178,8 +178,12 @@ class Evaluator:
         if self.oracle is not None:
             scenes = [scene_from_json(meta) for meta in self.evalset.meta[:n]]
             out["align_acc"] = self.oracle.alignment(images, scenes)
-        if self.clip is not None and not self.clip.is_random:
-            out.update(clip_metrics(self.clip(images, self.evalset.captions[:n])), clip_model=self.clip.model_label)
+        if self.clip is not None:
+            scores = clip_metrics(self.clip(images, self.evalset.captions[:n]))
+            if self.clip.is_random:  # no weights given: a plumbing check, kept out of the CLIP columns
+                out["clip_random_init"] = scores
+            else:
+                out.update(scores, clip_model=self.clip.model_label)
         return out
 
 

@@ -136,7 +136,8 @@ class RunDir:
     def record_eval(self, row: dict, result: dict, leaderboard: str | Path) -> None:
         """Append an evaluated point to eval.jsonl and its row to the leaderboard CSV."""
         with open(self.evals, "a") as f:
-            f.write(json.dumps({**row, "val_loss_per_t": result.get("val_loss_per_t")}) + "\n")
+            extras = {key: value for key, value in result.items() if key not in row}  # per-t losses, grid, ...
+            f.write(json.dumps({**row, **extras}) + "\n")
         append_rows(leaderboard, [row])
 
     def truncate_logs(self, step: int) -> None:

@@ -1,0 +1,68 @@
+"""`maskbench eval`: re-evaluating a run's checkpoints, and bad eval inputs refused with one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from maskbench.cli import main
+from maskbench.config import load_config
+from maskbench.results.leaderboard import read_rows
+from maskbench.train.loop import train
+from tests.conftest import tiny_overrides
+
+
+def test_reevaluating_a_point_reproduces_its_metrics_and_appends_a_row(tmp_path, synth_root, capsys):
+    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0")))
+    assert main(["eval", str(run_dir), "--point", "1"]) == 0
+    assert "point 1 (step" in capsys.readouterr().out
+    first, again = [r for r in map(json.loads, (run_dir / "eval.jsonl").read_text().splitlines()) if r["point"] == 1]
+    for metric in ("val_loss", "fid", "align_acc", "step", "train_flops", "mfu"):
+        assert again[metric] == first[metric], metric
+    assert len(read_rows([tmp_path / "leaderboard.csv"])) == 3   # 2 points trained + 1 re-evaluated
+
+
+def test_eval_of_a_missing_point_or_key_is_refused(tmp_path, synth_root, capsys):
+    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]")))
+    assert main(["eval", str(run_dir), "--point", "0.5"]) == 2
+    assert "no checkpoint for point 0.5 (have: 1)" in capsys.readouterr().err
+    assert main(["eval", str(run_dir), "train.lr=1"]) == 2
+    assert "only eval.* and paths.*" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("too_many", "eval.n_samples=100 / eval.val_samples=16 exceed the 64 held-out prompts"),
+    ("no_weights", "Inception weights not found at"),
+    ("no_stats", "no FID reference statistics at"),
+])
+def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, capsys, case, expected):
+    weights = tmp_path / "inception.pt"
+    weights.write_bytes(b"a TorchScript file would be here")
+    extra = {
+        "too_many": ["eval.n_samples=100"],
+        # the synth shards under another name: real-data evaluation (Inception FID) applies
+        "no_weights": ["data.name=photos", f"eval.inception_weights={tmp_path / 'missing.pt'}"],
+        "no_stats": ["data.name=photos", f"eval.inception_weights={weights}",
+                     f"eval.reference_stats={tmp_path / 'stats.npz'}"],
+    }[case]
+    assert main(["run", *tiny_overrides(tmp_path, synth_root, *extra)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_eval_reference_without_weights_exits_2(tmp_path, synth_root, capsys):
+    code = main(["eval", "reference", str(synth_root / "val"), "--inception-weights", str(tmp_path / "nope.pt")])
+    assert code == 2 and "pass eval.inception_weights=PATH" in capsys.readouterr().err
+
+
+def test_random_clip_runs_end_to_end_but_is_never_written_as_a_clip_score(tmp_path, synth_root):
+    """eval.clip_model without eval.clip_weights scores with a randomly initialised open_clip model:
+    the plumbing runs, and the rows keep the CLIP columns empty."""
+    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]",
+                                               "eval.clip_model=ViT-S-32-alt")))
+    [row] = read_rows([tmp_path / "leaderboard.csv"])
+    assert row["clip_score"] is None and row["clip_cos"] is None and row["clip_model"] is None
+    record = json.loads((run_dir / "eval.jsonl").read_text())
+    assert -1.0 <= record["clip_random_init"]["clip_cos"] <= 1.0 and record["clip_score"] is None
