@@ -32,7 +32,6 @@ import torch
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
-from torchvision.transforms.functional import pil_to_tensor
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 FORMAT = "maskbench-shards-v1"
@@ -240,8 +239,11 @@ def decode_image_caption(sample: dict) -> dict:
     caption = decode_text(sample["txt"]).strip()
     if not caption:
         raise BadSample("empty_caption")
-    pixels = pil_to_tensor(decode_image(sample[image_field]))  # 3×H×W uint8
-    return {"image": pixels.float() / 127.5 - 1.0, "caption": caption, "key": sample["__key__"]}
+    # numpy, not torch: per-sample torch ops wake torch's thread pool, which on a busy machine costs
+    # more than the arithmetic (JPEG loading was ~10x slower with 0 workers; benchmarks/loader.py)
+    pixels = np.asarray(decode_image(sample[image_field]), dtype=np.float32) / 127.5 - 1.0  # H×W×3
+    return {"image": torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))),     # 3×H×W
+            "caption": caption, "key": sample["__key__"]}
 
 
 def decode_latent_text(sample: dict) -> dict:
@@ -257,7 +259,7 @@ def decode_latent_text(sample: dict) -> dict:
     meta = decode_json(sample["json"]) if "json" in sample else {}
     n_tokens = int(meta.get("text_tokens", text.shape[0]))
     caption = decode_text(sample["txt"]).strip() if "txt" in sample else ""
-    return {"image": latent, "txtemb": text, "txtmask": torch.arange(text.shape[0]) < max(n_tokens, 1),
+    return {"image": latent, "txtemb": text, "txtmask": torch.from_numpy(np.arange(text.shape[0]) < max(n_tokens, 1)),
             "caption": caption, "key": sample["__key__"]}
 
 
