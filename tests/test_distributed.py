@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from maskbench.cli import main
 from maskbench.config import load_config
 from maskbench.data.shards import make_loader
 from maskbench.eval.evaluate import load_samples
@@ -46,10 +47,13 @@ def one_process(tmp_path_factory, synth_root) -> Path:
     return train(load_config(tiny_overrides(tmp, synth_root, *ARM, "train.grad_accum=2")))
 
 
-def test_two_processes_with_resume_match_one_process(tmp_path, synth_root, one_process):
+def test_two_processes_with_resume_match_one_process(tmp_path, synth_root, one_process, capsys):
     _torchrun(tmp_path, synth_root, "train.stop_at_step=3")
     [run_dir] = (tmp_path / "runs").iterdir()
     assert len(_metrics(run_dir)) == 3 and not (run_dir / "done.json").exists()
+    # one process cannot resume it: each rank replays its own data streams
+    assert main(["run", *tiny_overrides(tmp_path, synth_root, *ARM)]) == 2
+    assert "was trained on 2 processes" in capsys.readouterr().err
     _torchrun(tmp_path, synth_root)  # resumes on both ranks from step 3
     two, one = _metrics(run_dir), _metrics(one_process)
     assert (run_dir / "done.json").exists() and len(two) == len(one) > 10

@@ -127,12 +127,13 @@ class Evaluator:
     reference` statistics, and CLIP scores come from open_clip when `eval.clip_model` is set.
     """
 
-    def __init__(self, data: DatasetInfo, cfg: EvalConfig, device: torch.device):
+    def __init__(self, data: DatasetInfo, cfg: EvalConfig, device: torch.device, scores: bool = True):
+        """scores=False (ranks other than the main one) loads only what sampling needs."""
         self.data, self.cfg, self.device = data, cfg, device
         self.evalset = load_eval_set(data, max(cfg.n_samples, cfg.val_samples))
         self.extractor, self.reference, self.oracle, self.clip = None, None, None, None
-        if data.latent:
-            return  # samples are latents: image metrics need a VAE decoder (not wired yet)
+        if data.latent or not scores:
+            return  # latent samples need a VAE decoder for image metrics (not wired yet)
         if data.name == "synth":
             self.oracle = self.extractor = load_oracle(device=device)
             self.reference = synth_reference_stats(data, self.oracle)

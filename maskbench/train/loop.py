@@ -370,7 +370,7 @@ class Trainer:
             save_checkpoint(acc, self.run, f"point-{point:g}", state.step, self.cfg.train.keep_checkpoints)
         if self.evaluator is None:
             with acc.main_process_first():  # the main process writes any missing reference statistics
-                self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device)
+                self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device, scores=acc.is_main_process)
         result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}", acc)
         if acc.is_main_process:
             peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
