@@ -16,13 +16,13 @@ Positions are fixed (DiT's sin-cos, no gradient); the mask token is learned. Wri
 from __future__ import annotations
 
 import argparse
-import csv
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
+from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens
 
@@ -156,11 +156,7 @@ def main() -> None:
                                      "peak_source": peak_source})
                         print(f"{op:8s}{direction:4s} L={L:5d} mask={mask_ratio:.2f} {impl:13s}"
                               f"{ms:8.3f} ms {gbps:8.0f} GB/s {100 * gbps / peak:5.1f}% of {peak:.0f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out, rows)
     print(f"wrote {args.out} ({len(rows)} rows)")
 
 

@@ -18,7 +18,6 @@ Prints a table and writes results/loader.csv; the shards go to a temp dir unless
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import os
@@ -31,11 +30,19 @@ from pathlib import Path
 import numpy as np
 import webdataset as wds
 from PIL import Image
+from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
-from maskbench.data.encode import LATENT_DTYPE, _npy
+from maskbench.data.encode import LATENT_DTYPE
 from maskbench.data.pack import commit_unit, merge_parts, sha256_file
 from maskbench.data.shards import (
-    TAR_MTIME, CanonicalShardWriter, decode_image_caption, decode_latent_text, make_loader, read_manifest, shard_urls,
+    TAR_MTIME,
+    CanonicalShardWriter,
+    decode_image_caption,
+    decode_latent_text,
+    encode_npy,
+    make_loader,
+    read_manifest,
+    shard_urls,
 )
 from maskbench.data.synth import caption, render, sample_scene, write_synth
 
@@ -98,8 +105,8 @@ def _latent_sample(key: str, rng: np.random.Generator) -> dict[str, bytes]:
     meta = {"source": "bench-latent", "id": key, "width": JPEG_SIZE, "height": JPEG_SIZE, "text_tokens": text_tokens}
     return {
         "__key__": key,
-        "latent.npy": _npy(rng.standard_normal(LATENT_SHAPE, dtype=np.float32).astype(LATENT_DTYPE)),
-        "txtemb.npy": _npy(rng.standard_normal(TEXT_SHAPE, dtype=np.float32).astype(LATENT_DTYPE)),
+        "latent.npy": encode_npy(rng.standard_normal(LATENT_SHAPE, dtype=np.float32).astype(LATENT_DTYPE)),
+        "txtemb.npy": encode_npy(rng.standard_normal(TEXT_SHAPE, dtype=np.float32).astype(LATENT_DTYPE)),
         "txt": caption(scene).encode("utf-8"),
         "json": json.dumps(meta).encode("utf-8"),
     }
@@ -219,11 +226,7 @@ def main() -> None:
     else:
         rows = measure(args, args.data, trainer_rate)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out, rows, FIELDS)
     for r in rows:
         print("  ".join(f"{k}={r[k]}" for k in FIELDS))
     print(f"wrote {args.out}")

@@ -13,14 +13,13 @@ CPU reference point: 32×32×4 latents, patch 2, width 256, depth 8, mixer depth
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
 from maskbench.models.dit import PRESETS, DiT, ModelConfig
 from maskbench.models.kernels import gather_tokens
@@ -28,6 +27,7 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.train.flops import train_step_flops
 from maskbench.train.mfu import device_peak
+from maskbench.train.objective import interpolate, velocity_loss
 
 # name -> (model, image size, channels, context dim, context length, synth text encoder, default batch)
 SETTINGS = {
@@ -69,12 +69,12 @@ def step_seconds(name: str, batch: int, steps: int, warmup: int, device: torch.d
             drop = torch.rand(batch, device=device) < 0.1
             _sync(device)
             start = time.perf_counter()
-            x_t = x0 + t[:, None, None, None] * (noise - x0)                            # B×C×H×W
+            x_t = interpolate(x0, noise, t)                                              # B×C×H×W
             target = model.patchify(noise - x0)                                          # B×L×(p·p·C)
             if keep is not None:
                 target = gather_tokens(target, keep, impl=cfg.kernels)                   # B×K×(p·p·C)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = F.mse_loss(model(x_t, t, context, context_mask, keep, drop).float(), target)
+                loss = velocity_loss(model(x_t, t, context, context_mask, keep, drop), target)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -133,11 +133,7 @@ def main(argv: list[str] | None = None) -> None:
               f"mask 0.75 {masked['median_step_s']:.4f} s (MFU {masked['mfu']:.1%}); "
               f"time ratio {full['time_ratio']:.3f} (fastest steps {full['min_time_ratio']:.3f}) "
               f"vs FLOPs ratio {full['flops_ratio']:.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out, rows)
     print(f"wrote {args.out}")
 
 

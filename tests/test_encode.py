@@ -16,11 +16,9 @@ import torch
 from diffusers import AutoencoderKL
 from PIL import Image, ImageOps
 
-from tests.fixtures_real import make_brushdata
 from maskbench.data.encode import EncodeOptions, encode
-from maskbench.data.pack import PackOptions, iter_tar_samples, pack
+from maskbench.data.pack import iter_tar_samples
 from maskbench.data.shards import shard_urls
-from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.verify import verify
 
 def test_latent_shards_have_declared_shapes_and_values(tmp_path: Path, opts: EncodeOptions, shards: Path) -> None:

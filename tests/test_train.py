@@ -129,3 +129,17 @@ def test_rank_shares_cover_the_prompts_in_order():
     for n, world in ((8, 2), (7, 3), (2, 4)):
         shares = [rank_share(n, rank, world) for rank in range(world)]
         assert [i for share in shares for i in share] == list(range(n))
+
+
+def test_the_loader_tokenizes_captions_off_the_training_step(synth_root):
+    import functools
+
+    import torch
+
+    from maskbench.data.shards import decode_image_caption, make_loader
+    from maskbench.models.text import tokenize, with_token_ids
+
+    decode = functools.partial(with_token_ids, decode=decode_image_caption, context_len=24)
+    batch = next(iter(make_loader(synth_root / "train", batch_size=4, seed=0, shuffle_buffer=8, decode=decode)))
+    ids, mask = tokenize(batch["caption"], 24)
+    assert torch.equal(batch["txtids"], ids) and torch.equal(batch["txtmask"], mask)

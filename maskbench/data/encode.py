@@ -15,7 +15,6 @@ format (channels, latent size, text length and dimension, models, scaling) for t
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import shutil
 import sys
@@ -34,7 +33,8 @@ from PIL import ImageOps
 from torchvision.transforms.functional import pil_to_tensor
 
 from maskbench.data.pack import Skip, claim_output, commit_unit, iter_tar_samples, merge_parts, run_units, sha256_file, unit_done
-from maskbench.data.shards import IMAGE_EXTS, TAR_MTIME, BadSample, decode_image, decode_json, decode_text, read_manifest
+from maskbench.data.shards import (IMAGE_EXTS, TAR_MTIME, BadSample, decode_image, decode_json, decode_text, encode_npy,
+                                    read_manifest)
 
 LATENT_DTYPE = np.float16
 
@@ -106,12 +106,6 @@ class Encoders(torch.nn.Module):
         return latents, self.text(tokens)  # B×C×h×w, B×T×D
 
 
-def _npy(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, array, allow_pickle=False)
-    return out.getvalue()
-
-
 def _decoded(path: Path, resolution: int, skipped: Counter) -> Iterator[tuple[str, torch.Tensor, str, dict]]:
     """(key, 3×R×R image in [-1, 1], caption, meta) per readable sample; the rest counted."""
     for item in iter_tar_samples(path):
@@ -162,8 +156,8 @@ class _ShardEncoder:
         for i, key in enumerate(keys):
             yield {
                 "__key__": key,
-                "latent.npy": _npy(latents[i]),
-                "txtemb.npy": _npy(texts[i]),
+                "latent.npy": encode_npy(latents[i]),
+                "txtemb.npy": encode_npy(texts[i]),
                 "txt": captions[i].encode("utf-8"),
                 "json": json.dumps({**metas[i], "text_tokens": int((tokens[i] != 0).sum())}).encode("utf-8"),
             }

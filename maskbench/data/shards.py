@@ -221,6 +221,13 @@ def decode_json(data: bytes) -> dict:
         raise BadSample("bad_json") from error
 
 
+def encode_npy(array: np.ndarray) -> bytes:
+    """array -> .npy bytes (no pickles), the inverse of decode_npy."""
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=False)
+    return out.getvalue()
+
+
 def decode_npy(data: bytes) -> np.ndarray:
     """.npy bytes -> array; object arrays are refused because loading them would unpickle."""
     try:

@@ -20,6 +20,8 @@ def build_model(cfg: ModelConfig, data: DatasetInfo) -> DiT:
 def batch_context(model: DiT, batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(context B×T, mask B×T bool): token ids for the synth encoder, or precomputed embeddings."""
     if model.text_encoder is not None:
+        if "txtids" in batch:  # tokenized by the loader (`with_token_ids`)
+            return batch["txtids"].to(device, non_blocking=True), batch["txtmask"].to(device, non_blocking=True)
         ids, mask = model.text_encoder.tokenize(batch["caption"])
         return ids.to(device), mask.to(device)
     context = batch["txtemb"].to(device, non_blocking=True)                       # B×T×D

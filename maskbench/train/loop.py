@@ -18,7 +18,6 @@ and only rank 0 writes logs, evaluations and leaderboard rows.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 import functools
 import json
 import math
@@ -26,6 +25,7 @@ import signal
 import time
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -47,6 +47,7 @@ from maskbench.models.build import batch_context, build_model
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
+from maskbench.models.text import with_token_ids
 from maskbench.train.checkpoint import (RunDir, TrainState, device_name, environment, git_sha, load_checkpoint,
                                         save_checkpoint, write_atomic)
 from maskbench.train.ema import EMA
@@ -217,9 +218,12 @@ class Trainer:
     def make_loaders(self) -> list[ShardLoader]:
         """One loader per stream of this rank, each resuming at the current step."""
         cfg, acc = self.cfg, self.accelerator
+        decode = self.data.decode
+        if not self.data.latent:  # the synth text encoder's tokens, made off the training step
+            decode = functools.partial(with_token_ids, decode=decode, context_len=cfg.model.text_len)
         return [make_loader(self.data.train_source, batch_size=cfg.train.batch_size // self.n_streams, seed=cfg.seed,
                             rank=stream, world_size=self.n_streams, num_workers=cfg.data.num_workers,
-                            start_step=self.state.step, decode=self.data.decode,
+                            start_step=self.state.step, decode=decode,
                             max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer,
                             pin_memory=cfg.train.pin_memory and acc.device.type == "cuda")
                 for stream in self.streams]

@@ -1,0 +1,14 @@
+"""The one way benchmarks write their figures: a CSV under results/, header from the rows."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+
+def write_rows(path: Path, rows: list[dict], fields: list[str] | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields or list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
