@@ -18,10 +18,10 @@ from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from maskbench.models.dit import PRESETS, ModelConfig
+from maskbench.models.dit import LONG_SKIPS, PRESETS, SKIP_SCALES, ModelConfig
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -111,6 +111,9 @@ class TrainConfig:
     pin_memory: bool = True        # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
     activation_checkpointing: bool = False  # recompute each DiT block in backward: less memory, ~1/3 more compute
     dist_timeout_minutes: float = 120.0     # collective timeout: other ranks wait while rank 0 evaluates
+    mae_weight: float = 0.0        # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
+    downscale_window: list[float] = field(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
+    downscale_factor: int = 2      # 1/factor resolution (pixel synth data; FLOPs counted at that resolution)
 
 
 @dataclass
@@ -131,6 +134,13 @@ class RunConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0
 
+
+# Fields added after the first results landed: hashed only when set, so runs that do not use them keep
+# their names (and resume) across upgrades.
+_HASHED_WHEN_SET = {
+    "model.long_skip", "model.skip_scale", "model.skip_kappa", "model.decoder_depth",
+    "train.mae_weight", "train.downscale_window", "train.downscale_factor",
+}
 
 # Fields that cannot change what a run learns or measures; everything else names the run.
 _NOT_RESULT_FIELDS = {
@@ -189,15 +199,26 @@ def load_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
         with initialize_config_module(config_module="maskbench.conf", version_base=None):
             composed = compose(config_name="config", overrides=overrides)
         if arm_file is not None:
-            user_arm = OmegaConf.merge(OmegaConf.structured(ArmConfig), OmegaConf.load(arm_file))
-            if "name" not in OmegaConf.load(arm_file):
-                user_arm.name = arm_file.stem
-            composed.arm = user_arm
+            composed = _merge_arm_file(composed, arm_file, overrides)
         cfg: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), composed))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(_one_line(err)) from None
     validate(cfg)
     return cfg
+
+
+def _merge_arm_file(composed: DictConfig, arm_file: Path, overrides: list[str]) -> DictConfig:
+    """A user's arm file: phases only (the `arm` group's keys), or, like the shipped arms in the global
+    package, an `arm:` section plus model/train options. Command-line overrides still win over the file."""
+    loaded = OmegaConf.load(arm_file)
+    arm_only = "arm" not in loaded
+    arm = loaded if arm_only else loaded.arm
+    if "name" not in arm:
+        arm.name = arm_file.stem
+    if arm_only:
+        composed.arm = OmegaConf.merge(OmegaConf.structured(ArmConfig), arm)
+        return composed
+    return OmegaConf.merge(composed, loaded, OmegaConf.from_dotlist(overrides))
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
@@ -247,8 +268,32 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.keep_checkpoints must be at least 1 (the latest checkpoint is what resumes)")
     if cfg.model.kernels not in ("auto", "torch", "triton"):
         raise ConfigError(f"model.kernels must be auto|torch|triton, got {cfg.model.kernels!r}")
+    _validate_techniques(cfg)
     if cfg.data.path is not None and not Path(cfg.data.path).exists():
         raise ConfigError(f"data.path does not exist: {cfg.data.path}")
+
+
+def _validate_techniques(cfg: RunConfig) -> None:
+    """The options of the literature arms (long skips, MaskDiT decoder + MAE, downscaled steps)."""
+    model, train = cfg.model, cfg.train
+    if model.long_skip not in LONG_SKIPS or model.skip_scale not in SKIP_SCALES:
+        raise ConfigError(f"model.long_skip must be {'|'.join(LONG_SKIPS)} and model.skip_scale "
+                          f"{'|'.join(SKIP_SCALES)}; got {model.long_skip!r}, {model.skip_scale!r}")
+    if train.mae_weight < 0 or (train.mae_weight > 0 and model.decoder_depth < 1):
+        raise ConfigError(f"train.mae_weight={train.mae_weight:g} needs model.decoder_depth >= 1 "
+                          "(the MAE loss is on the decoder's predictions for dropped tokens)")
+    if model.structured_mask and any(p.mask_ratio not in (0.0, 0.75) for p in cfg.arm.phases):
+        raise ConfigError("model.structured_mask keeps one token per 2x2 group: every phase needs mask 0 or 0.75")
+    window = train.downscale_window
+    if window:
+        if len(window) != 2 or not 0.0 <= window[0] < window[1] <= 1.0:
+            raise ConfigError(f"train.downscale_window must be [t_lo, t_hi] with 0 <= t_lo < t_hi <= 1, got {window}")
+        if train.downscale_factor < 2 or cfg.data.image_size % (train.downscale_factor * model.patch_size):
+            raise ConfigError(f"train.downscale_factor={train.downscale_factor} must be >= 2 and divide the "
+                              f"{cfg.data.image_size // model.patch_size}-token grid")
+        if any(p.mask_ratio > 0 for p in cfg.arm.phases):
+            raise ConfigError("downscaled steps and token dropping are separate arms: "
+                              "train.downscale_window needs every phase at mask 0")
 
 
 def to_dict(cfg: RunConfig) -> dict:
@@ -265,9 +310,17 @@ def _drop_fields(tree: dict, dotted: set[str], prefix: str = "") -> dict:
     return out
 
 
+def _lookup(tree: dict, dotted: str) -> object:
+    for key in dotted.split("."):
+        tree = tree[key]
+    return tree
+
+
 def config_hash(cfg: RunConfig) -> str:
     """sha256 of the fields that change results (paths, worker counts, kernel choice excluded)."""
-    relevant = _drop_fields(to_dict(cfg), _NOT_RESULT_FIELDS)
+    tree, defaults = to_dict(cfg), to_dict(RunConfig())
+    unset = {name for name in _HASHED_WHEN_SET if _lookup(tree, name) == _lookup(defaults, name)}
+    relevant = _drop_fields(tree, _NOT_RESULT_FIELDS | unset)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from maskbench.cli import main
-from maskbench.config import ConfigError, config_hash, load_config, run_id
+from maskbench.config import ConfigError, config_hash, known_arms, load_config, run_id
 from tests.conftest import tiny_overrides
 
 
@@ -48,7 +48,7 @@ def _arm_file(tmp_path, name: str, body: str) -> str:
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("unknown_arm", "unknown arm 'nope'; known arms: mask0, mask75, mask75_then0"),
+    ("unknown_arm", "unknown arm 'nope'; known arms: downscale_window, lsc"),
     ("unknown_key", "unknown or invalid key: 'train.no_such_key'"),
     ("fractions", "phase fractions sum to 0.9, not 1"),
     ("ratio", "mask ratio 1.0 is outside [0, 1)"),
@@ -86,9 +86,9 @@ def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other(
     from maskbench.train.loop import make_schedule
 
     spent = {}
-    for arm in ("mask0", "mask75", "mask75_then0"):
+    for arm in known_arms():
         cfg = load_config([f"arm={arm}"])
-        schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False))
+        schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
         spent[arm] = schedule.total_flops
         assert spent[arm] <= cfg.budget.flops
     assert max(spent.values()) / min(spent.values()) < 1.01, spent

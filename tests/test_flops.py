@@ -80,7 +80,7 @@ def test_sample_step_flops_match_forward_only() -> None:
     assert sample_step_flops(cfg, batch=BATCH, **_setting(cfg)) == pytest.approx(counted, rel=0.02)
 
 
-def _tiny_step_flops(mask_ratio: float) -> int:
+def _tiny_step_flops(mask_ratio: float, step: int = 0) -> int:
     """The synth default: tiny, 32×32 RGB, batch 64."""
     cfg = PRESETS["tiny"]()
     return train_step_flops(cfg, batch=64, mask_ratio=mask_ratio, **_setting(cfg))
@@ -102,8 +102,9 @@ def test_plan_gives_each_phase_whole_steps_of_its_share() -> None:
     plans = plan_phases([(0.75, 0.75), (0.0, 0.25)], 1.5e13, _tiny_step_flops)
     assert [p.mask_ratio for p in plans] == [0.75, 0.0]
     for plan, fraction in zip(plans, (0.75, 0.25)):
-        assert plan.flops == plan.steps * plan.flops_per_step == plan.steps * _tiny_step_flops(plan.mask_ratio)
-        assert fraction * 1.5e13 - plan.flops_per_step < plan.flops <= fraction * 1.5e13
+        per_step = _tiny_step_flops(plan.mask_ratio)
+        assert plan.step_flops == (per_step,) * plan.steps
+        assert fraction * 1.5e13 - per_step < plan.flops <= fraction * 1.5e13
 
 
 def test_plan_rejects_a_budget_too_small_for_one_step() -> None:

@@ -5,8 +5,9 @@ The layout follows DiT (Peebles & Xie) with the pieces the masked-training paper
     patch embed + fixed 2-D sin-cos positions
     -> mixer blocks on all L tokens      (MicroDiT's deferred masking; mixer_depth 0 = MaskDiT early drop)
     -> drop to K kept tokens             (gather_tokens, so the Triton kernel can plug in)
-    -> backbone blocks on the K tokens
-    -> final layer: a prediction for each kept token only (the loss is over kept tokens only).
+    -> backbone blocks on the K tokens   (optional long skips: block i fuses block depth-1-i, Skip-DiT/U-ViT)
+    -> optional decoder blocks on all L tokens, dropped slots refilled with a learned mask token (MaskDiT)
+    -> final layer: a prediction for each kept token (each token, with a decoder).
 
 Every block is adaLN-Zero conditioned on (timestep + pooled text), with self-attention,
 cross-attention to the text tokens and an MLP, each gated so a fresh block is the identity.
@@ -26,7 +27,7 @@ from timm.layers import Attention, Mlp, PatchEmbed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
-from maskbench.models.kernels import gather_tokens
+from maskbench.models.kernels import gather_tokens, scatter_tokens
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
 
@@ -47,6 +48,10 @@ class ModelConfig:
     text_len: int = 32        # caption context length (tokens) for the synth text encoder
     kernels: str = "auto"     # auto|torch|triton, passed to gather/scatter
     structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
+    long_skip: str = "none"   # none | concat_ln (Skip-DiT: concat -> LayerNorm -> Linear) | concat (U-ViT)
+    skip_scale: str = "none"  # none | scalelong (the n-th skip fused is scaled by kappa^(n-1)) | constant (1/sqrt 2)
+    skip_kappa: float = 0.5   # ScaleLong's kappa
+    decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
 
 
 def tiny() -> ModelConfig: return ModelConfig()
@@ -59,6 +64,10 @@ def dit_xl2() -> ModelConfig: return ModelConfig(name="dit_xl2", depth=28, width
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": tiny, "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2,
 }
+
+
+LONG_SKIPS = ("none", "concat_ln", "concat")
+SKIP_SCALES = ("none", "scalelong", "constant")
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -151,6 +160,44 @@ class FinalLayer(nn.Module):
         return self.linear(modulate(self.norm(x), shift, scale))              # B×N×out_dim
 
 
+class LongSkip(nn.Module):
+    """Fuse a long skip into the running tokens: Linear(norm(concat(x, scale·skip))), 2D -> D.
+
+    concat_ln is Skip-DiT's fusion (a LayerNorm over the 2D concatenation), concat is U-ViT's.
+    `scale` is ScaleLong's fixed coefficient on the skipped features (1 = no scaling).
+    """
+
+    def __init__(self, width: int, fusion: str, scale: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(2 * width, eps=1e-6) if fusion == "concat_ln" else nn.Identity()
+        self.proj = nn.Linear(2 * width, width)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        fused = torch.cat([x, self.scale * skip], dim=-1)                       # B×N×2D
+        return self.proj(self.norm(fused))                                       # B×N×D
+
+
+def long_skip_pairs(depth: int) -> list[tuple[int, int]]:
+    """(block i, the block depth-1-i whose output it fuses) for every i in the second half.
+
+    Only pairs with depth-1-i < i: with an odd depth the middle block would fuse itself, so it has none.
+    """
+    return [(i, depth - 1 - i) for i in range(depth) if depth - 1 - i < i]
+
+
+def skip_scales(cfg: ModelConfig) -> list[float]:
+    """The coefficient on each long skip, in the order the blocks fuse them (innermost skip first).
+
+    ScaleLong scales the n-th skip by kappa^(n-1); as in its U-ViT code, skips are counted in the order
+    they are used, so the innermost (shortest) skip keeps 1 and the outermost is damped the most.
+    """
+    count = len(long_skip_pairs(cfg.depth))
+    if cfg.skip_scale == "scalelong":
+        return [cfg.skip_kappa ** n for n in range(count)]
+    return [2 ** -0.5 if cfg.skip_scale == "constant" else 1.0] * count
+
+
 class DiT(nn.Module):
     """Text-conditioned DiT that runs its backbone on the kept tokens only.
 
@@ -166,7 +213,8 @@ class DiT(nn.Module):
         self.cfg = cfg
         self.in_channels = in_channels
         self.patch_size = cfg.patch_size
-        self.x_embedder = PatchEmbed(image_size, cfg.patch_size, in_channels, cfg.width)
+        # strict_img_size off: downscaled steps feed H/f × W/f images through the same patch embed.
+        self.x_embedder = PatchEmbed(image_size, cfg.patch_size, in_channels, cfg.width, strict_img_size=False)
         self.grid: tuple[int, int] = self.x_embedder.grid_size       # (h, w) token grid, raster order
         self.seq_len = self.grid[0] * self.grid[1]
         self.register_buffer("pos_embed", build_sincos2d_pos_embed(list(self.grid), cfg.width),
@@ -179,6 +227,11 @@ class DiT(nn.Module):
         self.null_context = nn.Parameter(torch.zeros(cfg.width))
         self.mixer = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.mixer_depth))
         self.blocks = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
+        pairs = long_skip_pairs(cfg.depth) if cfg.long_skip != "none" else []
+        self.long_skips = nn.ModuleDict({str(i): LongSkip(cfg.width, cfg.long_skip, scale)
+                                         for (i, _), scale in zip(pairs, skip_scales(cfg))})  # by fusing block
+        self.decoder = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
+        self.mask_token = nn.Parameter(torch.zeros(cfg.width)) if cfg.decoder_depth else None
         self.final_layer = FinalLayer(cfg.width, cfg.patch_size ** 2 * in_channels)
         self.initialize_weights()
 
@@ -197,7 +250,10 @@ class DiT(nn.Module):
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
         nn.init.normal_(self.null_context, std=0.02)
-        modulations = [block.adaLN_modulation[-1] for block in [*self.mixer, *self.blocks, self.final_layer]]
+        if self.mask_token is not None:
+            nn.init.normal_(self.mask_token, std=0.02)
+        blocks = [*self.mixer, *self.blocks, *self.decoder, self.final_layer]
+        modulations = [block.adaLN_modulation[-1] for block in blocks]
         for layer in [*modulations, self.final_layer.linear]:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
@@ -216,22 +272,52 @@ class DiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor,
                 keep_idx: torch.Tensor | None = None, drop_context: torch.Tensor | None = None) -> torch.Tensor:
-        """x_t B×C×H×W, t B in [0, 1], keep_idx B×K sorted (None = all L) -> B×K×(p·p·C) for kept tokens."""
+        """x_t B×C×H×W (native, or downscaled by an integer factor), t B in [0, 1], keep_idx B×K sorted
+        (None = all L) -> B×K×(p·p·C) for the kept tokens, or B×L×(p·p·C) with decoder blocks."""
         self._check_inputs(x, t, context_mask, keep_idx)
         ctx, ctx_mask = self.encode_context(context, context_mask, drop_context)       # B×T×D, B×T
         c = self.t_embedder(t) + self.text_pool(masked_mean(ctx, ctx_mask))            # B×D
         tokens = self.x_embedder(x)                                                    # B×L×D
+        pos = self.positions(x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)  # L×D
         if keep_idx is not None and self.cfg.mixer_depth == 0:
-            tokens = gather_tokens(tokens, keep_idx, self.pos_embed, impl=self.cfg.kernels)  # B×K×D, +pos fused
+            tokens = gather_tokens(tokens, keep_idx, pos, impl=self.cfg.kernels)      # B×K×D, +pos fused
         else:
-            tokens = tokens + self.pos_embed                                           # B×L×D
+            tokens = tokens + pos                                                      # B×L×D
             for block in self.mixer:
                 tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
             if keep_idx is not None:
                 tokens = gather_tokens(tokens, keep_idx, impl=self.cfg.kernels)        # B×K×D
-        for block in self.blocks:
+        tokens = self.backbone(tokens, c, ctx, ctx_mask)                               # B×K×D
+        if self.decoder:
+            if keep_idx is not None:
+                tokens = scatter_tokens(tokens, keep_idx, pos.shape[0], self.mask_token, pos,
+                                        impl=self.cfg.kernels)                         # B×L×D, mask token + pos
+            for block in self.decoder:
+                tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
+        return self.final_layer(tokens, c)                                             # B×K×(p·p·C) or B×L×…
+
+    def backbone(self, tokens: torch.Tensor, c: torch.Tensor, ctx: torch.Tensor,
+                 ctx_mask: torch.Tensor) -> torch.Tensor:
+        """The backbone blocks; block i of the second half first fuses block depth-1-i's output (long skips)."""
+        outputs: list[torch.Tensor] = []
+        for i, block in enumerate(self.blocks):
+            if str(i) in self.long_skips:
+                tokens = self.long_skips[str(i)](tokens, outputs[len(self.blocks) - 1 - i])  # B×K×D
             tokens = block(tokens, c, ctx, ctx_mask)                                   # B×K×D
-        return self.final_layer(tokens, c)                                             # B×K×(p·p·C)
+            outputs.append(tokens)
+        return tokens
+
+    def positions(self, h: int, w: int) -> torch.Tensor:
+        """L×D positions of an h×w token grid: the native sin-cos table, box-filtered on downscaled grids.
+
+        A token of a grid downscaled by f covers f×f native tokens, so it gets their mean position:
+        sin-cos evaluated at the covered region's centre, with frequencies finer than the token damped.
+        """
+        if (h, w) == self.grid:
+            return self.pos_embed                                                      # L×D
+        table = self.pos_embed.T.reshape(1, -1, *self.grid)                            # 1×D×H×W
+        pooled = F.adaptive_avg_pool2d(table, (h, w))                                  # 1×D×h×w
+        return pooled.flatten(2)[0].T                                                  # (h·w)×D
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         """B×C×H×W -> B×L×(p·p·C) in the model's token order (the regression target per token)."""
@@ -252,16 +338,25 @@ class DiT(nn.Module):
     def _check_inputs(self, x: torch.Tensor, t: torch.Tensor, context_mask: torch.Tensor,
                       keep_idx: torch.Tensor | None) -> None:
         B = x.shape[0]
-        h, w = self.grid
-        expected = (self.in_channels, h * self.patch_size, w * self.patch_size)
-        if x.ndim != 4 or x.shape[1:] != expected:
-            raise ValueError(f"expected x of shape B×{expected[0]}×{expected[1]}×{expected[2]}, got {tuple(x.shape)}")
+        (h, w), p = self.grid, self.patch_size
+        if x.ndim != 4 or x.shape[1] != self.in_channels or not _divides_grid(x.shape[-2:], p, (h, w)):
+            raise ValueError(f"expected x of shape B×{self.in_channels}×{h * p}×{w * p} (or downscaled by an "
+                             f"integer factor dividing the {h}×{w} token grid), got {tuple(x.shape)}")
         if t.shape != (B,) or context_mask.ndim != 2 or context_mask.shape[0] != B:
             raise ValueError(f"expected t of shape ({B},) and context_mask B×T, "
                              f"got {tuple(t.shape)} and {tuple(context_mask.shape)}")
-        if keep_idx is not None and (keep_idx.ndim != 2 or keep_idx.shape[0] != B
-                                     or keep_idx.shape[1] > self.seq_len):
-            raise ValueError(f"expected keep_idx {B}×K with K <= {self.seq_len}, got {tuple(keep_idx.shape)}")
+        seq_len = (x.shape[-2] // p) * (x.shape[-1] // p)
+        if keep_idx is not None and (keep_idx.ndim != 2 or keep_idx.shape[0] != B or keep_idx.shape[1] > seq_len):
+            raise ValueError(f"expected keep_idx {B}×K with K <= {seq_len}, got {tuple(keep_idx.shape)}")
+
+
+def _divides_grid(size: torch.Size, patch: int, grid: tuple[int, int]) -> bool:
+    """True if an H×W input is the native size, or the native size over one integer factor of the grid."""
+    H, W = size
+    if H % patch or W % patch or H // patch == 0:
+        return False
+    factor, rem = divmod(grid[0], H // patch)
+    return rem == 0 and grid[1] == factor * (W // patch)
 
 
 def _validate(cfg: ModelConfig, image_size: int, context_dim: int, text_encoder: nn.Module | None) -> None:
@@ -271,5 +366,10 @@ def _validate(cfg: ModelConfig, image_size: int, context_dim: int, text_encoder:
         raise ValueError(f"width {cfg.width} must be divisible by 4 (2-D sin-cos positions)")
     if cfg.width % cfg.heads:
         raise ValueError(f"width {cfg.width} is not divisible by {cfg.heads} heads")
+    if cfg.long_skip not in LONG_SKIPS or cfg.skip_scale not in SKIP_SCALES:
+        raise ValueError(f"long_skip must be one of {LONG_SKIPS} and skip_scale one of {SKIP_SCALES}, "
+                         f"got {cfg.long_skip!r} and {cfg.skip_scale!r}")
+    if cfg.decoder_depth < 0 or cfg.mixer_depth < 0:
+        raise ValueError(f"decoder_depth and mixer_depth must be >= 0, got {cfg.decoder_depth}, {cfg.mixer_depth}")
     if text_encoder is not None and getattr(text_encoder, "width", context_dim) != context_dim:
         raise ValueError(f"context_dim {context_dim} must equal the text encoder width {text_encoder.width}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from maskbench.models.dit import TIMESTEP_FREQ_DIM, ModelConfig
+from maskbench.models.dit import TIMESTEP_FREQ_DIM, ModelConfig, long_skip_pairs
 from maskbench.models.masking import keep_count
 from maskbench.models.text import MLP_RATIO as TEXT_MLP_RATIO
 
@@ -72,8 +72,12 @@ def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: in
                     + n.linear(batch, TIMESTEP_FREQ_DIM, width, input_grad=False) + n.linear(batch, width, width))
     patch_embed = n.linear(batch * seq_len, in_channels * p * p, width, input_grad=False)
     blocks = (cfg.mixer_depth * _dit_block(n, batch, seq_len, context_len, width, hidden)
-              + cfg.depth * _dit_block(n, batch, kept, context_len, width, hidden))
-    final = n.linear(batch, width, 2 * width) + n.linear(batch * kept, width, p * p * in_channels)
+              + cfg.depth * _dit_block(n, batch, kept, context_len, width, hidden)
+              + cfg.decoder_depth * _dit_block(n, batch, seq_len, context_len, width, hidden))
+    if cfg.long_skip != "none":  # concat -> Linear(2D -> D) before each fusing block
+        blocks += len(long_skip_pairs(cfg.depth)) * n.linear(batch * kept, 2 * width, width)
+    predicted = seq_len if cfg.decoder_depth else kept  # a decoder predicts every token
+    final = n.linear(batch, width, 2 * width) + n.linear(batch * predicted, width, p * p * in_channels)
     return text + conditioning + patch_embed + blocks + final
 
 
@@ -93,29 +97,41 @@ def sample_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, conte
 
 @dataclass(frozen=True)
 class PhasePlan:
-    """One phase of an arm: its mask ratio and the whole steps its share of the budget buys."""
+    """One phase of an arm: its mask ratio and the FLOPs of each whole step its share of the budget buys."""
 
     mask_ratio: float
-    steps: int
-    flops_per_step: int
-    flops: int
+    step_flops: tuple[int, ...]   # the same for every step, unless some samples train downscaled
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_flops)
+
+    @property
+    def flops(self) -> int:
+        return sum(self.step_flops)
 
 
 def plan_phases(phases: list[tuple[float, float]], budget_flops: float,
-                step_flops: Callable[[float], int]) -> list[PhasePlan]:
+                step_flops: Callable[[float, int], int]) -> list[PhasePlan]:
     """Give each (mask_ratio, budget_fraction) phase fraction × budget FLOPs, as whole steps.
 
-    Flooring each phase loses less than one step of that phase, so arms with different phase lists
-    spend the same budget to within one step.
+    step_flops(mask_ratio, step) is the cost of the run's global step `step` in that phase: constant
+    for most arms, smaller on steps where some samples train at a lower resolution (known in advance,
+    because every step's t is a function of the seed). Stopping before the step that would overrun
+    loses less than one step per phase, so arms with different phase lists spend the same budget to
+    within one step.
     """
     if any(fraction <= 0 for _, fraction in phases) or abs(sum(f for _, f in phases) - 1.0) > 1e-6:
         raise ValueError(f"phase budget fractions must be positive and sum to 1, got {phases}")
-    plans = []
+    plans, start = [], 0
     for index, (mask_ratio, fraction) in enumerate(phases):
-        per_step = step_flops(mask_ratio)
-        steps = int(fraction * budget_flops // per_step)
-        if steps == 0:
+        allowance, spent, costs = fraction * budget_flops, 0, []
+        while spent + (cost := step_flops(mask_ratio, start + len(costs))) <= allowance:
+            costs.append(cost)
+            spent += cost
+        if not costs:
             raise ValueError(f"budget {budget_flops:.3g} FLOPs is too small for one step of phase {index} "
-                             f"(mask {mask_ratio}, {fraction:.0%} of the budget): one step costs {per_step:.3g}")
-        plans.append(PhasePlan(mask_ratio, steps, per_step, steps * per_step))
+                             f"(mask {mask_ratio}, {fraction:.0%} of the budget): one step costs {cost:.3g}")
+        plans.append(PhasePlan(mask_ratio, tuple(costs)))
+        start += len(costs)
     return plans

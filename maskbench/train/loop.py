@@ -17,8 +17,10 @@ and only rank 0 writes logs, evaluations and leaderboard rows.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
+import itertools
 import json
 import math
 import signal
@@ -45,15 +47,15 @@ from maskbench.data.shards import ShardLoader, make_loader
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs
 from maskbench.models.build import batch_context, build_model
 from maskbench.models.dit import DiT
-from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import with_token_ids
 from maskbench.train.checkpoint import (RunDir, TrainState, device_name, environment, git_sha, load_checkpoint,
                                         save_checkpoint, write_atomic)
+from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
 from maskbench.train.flops import PhasePlan, plan_phases, train_step_flops
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
-from maskbench.train.objective import interpolate, sample_t, velocity_loss
+from maskbench.train.objective import downscale, flow_loss, in_window, sample_t
 
 
 class TrainingStopped(RuntimeError):
@@ -62,7 +64,7 @@ class TrainingStopped(RuntimeError):
 
 @dataclass
 class Schedule:
-    """Where each step sits: its phase, and the steps at which eval points fall."""
+    """Where each step sits: its phase, its FLOPs, and the steps at which eval points fall."""
     phases: list[PhasePlan]
     eval_steps: dict[int, float]   # steps completed -> eval point
 
@@ -74,32 +76,49 @@ class Schedule:
     def total_flops(self) -> int:
         return sum(p.flops for p in self.phases)
 
-    def phase_at(self, step: int) -> PhasePlan:
+    def phase_at(self, step: int) -> tuple[PhasePlan, int]:
+        """(the phase of global step `step`, that step's FLOPs)."""
         for phase in self.phases:
             if step < phase.steps:
-                return phase
+                return phase, phase.step_flops[step]
             step -= phase.steps
         raise IndexError("step past the end of the schedule")
 
 
-def make_schedule(cfg: RunConfig, data: DatasetInfo) -> Schedule:
+def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int) -> Schedule:
     """Plan phases by FLOPs, then put each eval point at the first step whose FLOPs reach it."""
-    def step_flops(mask_ratio: float) -> int:
-        return train_step_flops(cfg.model, data.image_size, data.channels,
+    @functools.cache
+    def sample_flops(mask_ratio: float, image_size: int) -> int:  # the step cost is linear in the batch
+        return train_step_flops(cfg.model, image_size, data.channels,
                                 data.context_dim or cfg.model.text_width, data.context_len or cfg.model.text_len,
-                                cfg.train.batch_size, mask_ratio, text_encoder=not data.latent)
+                                1, mask_ratio, text_encoder=not data.latent)
+
+    def step_flops(mask_ratio: float, step: int) -> int:
+        low = downscaled_count(cfg, n_streams, step)
+        return ((cfg.train.batch_size - low) * sample_flops(mask_ratio, data.image_size)
+                + low * sample_flops(mask_ratio, data.image_size // cfg.train.downscale_factor))
 
     phases = plan_phases([(p.mask_ratio, p.fraction) for p in cfg.arm.phases], cfg.budget.flops, step_flops)
-    cumulative, spent = [], 0
-    for phase in phases:
-        for _ in range(phase.steps):
-            spent += phase.flops_per_step
-            cumulative.append(spent)
+    cumulative = list(itertools.accumulate(cost for phase in phases for cost in phase.step_flops))
     eval_steps = {}
     for point in sorted(cfg.eval.points):
-        target = point * spent * (1 - 1e-9)
-        eval_steps[next(i + 1 for i, c in enumerate(cumulative) if c >= target)] = point
+        target = point * cumulative[-1] * (1 - 1e-9)
+        eval_steps[bisect.bisect_left(cumulative, target) + 1] = point
     return Schedule(phases, eval_steps)
+
+
+def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> int:
+    """How many samples of global step `step` train downscaled: those whose t falls in the window.
+
+    Each stream's t is the first draw of its step generator (as in `Trainer.stream_loss`), so the
+    count is known before training and the FLOPs budget can be planned exactly.
+    """
+    if not cfg.train.downscale_window:
+        return 0
+    cpu = torch.device("cpu")
+    return sum(int(in_window(sample_t(cfg.train.batch_size // n_streams, step_generators(cfg.seed, s, step, cpu)[0],
+                                      cpu), cfg.train.downscale_window).sum())
+               for s in range(n_streams))
 
 
 def lr_lambda(cfg: RunConfig, total_steps: int):
@@ -135,7 +154,7 @@ def checkpoint_blocks(model: DiT) -> None:
     The wrapper is set on the block instances, not on the class, so a copy taken before (the EMA)
     keeps plain blocks; a copy taken after would still call this model's blocks.
     """
-    for block in [*model.mixer, *model.blocks]:
+    for block in [*model.mixer, *model.blocks, *model.decoder]:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
@@ -166,7 +185,11 @@ class Trainer:
             raise ValueError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
                              f"train.grad_accum = {self.n_streams}")
         # Plan first: a budget too small for one step is refused before any data is generated.
-        self.schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False))
+        planned_data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+        if cfg.train.downscale_window and planned_data.latent:
+            raise ConfigError("train.downscale_window needs pixel data (synth): latent shards hold no "
+                              "downscaled latents")
+        self.schedule = make_schedule(cfg, planned_data, self.n_streams)
         with self.accelerator.main_process_first():  # rank 0 generates missing synth data, the others read it
             self.data = resolve_dataset(cfg.data, cfg.paths.data)
         check_eval_inputs(self.data, cfg.eval)
@@ -189,6 +212,7 @@ class Trainer:
                 module.fused_attn = True  # SDPA even where timm's settings would pick its unfused path
         self.params = sum(p.numel() for p in model.parameters())
         self.ema = EMA(model, cfg.train.ema_decay)
+        self.block_norms = BlockNorms(model)  # after the EMA copy: only the training model records
         if cfg.train.activation_checkpointing:
             checkpoint_blocks(model)
         fused = cfg.train.fused_optimizer and acc.device.type == "cuda"
@@ -230,24 +254,34 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ step
     def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> torch.Tensor:
-        """The rectified-flow loss of one stream's micro-batch, its randomness drawn from (seed, stream, step)."""
+        """The training loss of one stream's micro-batch, its randomness drawn from (seed, stream, step).
+
+        With a downscale window, the samples whose t lies inside it train at 1/factor resolution and the
+        rest at full resolution; the loss is the mean over samples either way.
+        """
         cfg, acc = self.cfg, self.accelerator
         unwrapped: DiT = acc.unwrap_model(self.model)
         gen_cpu, gen_dev = step_generators(cfg.seed, stream, step, acc.device)
         x0 = batch["image"].to(acc.device, non_blocking=True)                          # b×C×H×W
         b = x0.shape[0]
-        t = sample_t(b, gen_cpu, torch.device("cpu")).to(acc.device)                   # b
+        t = sample_t(b, gen_cpu, torch.device("cpu")).to(acc.device)                   # b (first draw: see downscaled_count)
         drop = (torch.rand(b, generator=gen_cpu) < cfg.train.caption_dropout).to(acc.device)  # b
         keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=gen_cpu,
                                    device=acc.device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
         noise = torch.randn(x0.shape, generator=gen_dev, device=acc.device)            # b×C×H×W
-        target = unwrapped.patchify(noise - x0)                                         # b×L×P
-        if keep_idx is not None:
-            target = gather_tokens(target, keep_idx, impl="torch")                       # b×K×P
         context, context_mask = batch_context(unwrapped, batch, acc.device)
+        loss = functools.partial(flow_loss, unwrapped, forward=self.forward, mae_weight=cfg.train.mae_weight)
+        low = in_window(t, cfg.train.downscale_window)                                 # b
         with acc.autocast():
-            pred = self.forward(interpolate(x0, noise, t), t, context, context_mask, keep_idx, drop)  # b×K×P
-        return velocity_loss(pred, target)
+            if not low.any():
+                return loss(x0, noise, t, context, context_mask, keep_idx, drop)
+            full = ~low                                                                # mask 0 here (validated)
+            x0_low, noise_low = downscale(x0[low], noise[low], cfg.train.downscale_factor)  # n_low×C×H/f×W/f
+            total = low.sum() * loss(x0_low, noise_low, t[low], context[low], context_mask[low], None, drop[low])
+            if full.any():
+                total = total + full.sum() * loss(x0[full], noise[full], t[full], context[full],
+                                                  context_mask[full], None, drop[full])
+            return total / b
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> torch.Tensor:
         """Backward over this rank's micro-batches (all-reduced once, after the last); returns their losses."""
@@ -311,7 +345,7 @@ class Trainer:
         last_checkpoint, bad_in_row = time.monotonic(), 0
         with open(self.run.metrics, "a") as metrics_log:
             while state.step < schedule.total_steps:
-                phase = schedule.phase_at(state.step)
+                phase, step_flops = schedule.phase_at(state.step)
                 tick = time.perf_counter()
                 out = self.train_step(batch_iters, phase, state.step)
                 if acc.device.type == "cuda":
@@ -323,18 +357,19 @@ class Trainer:
                     raise TrainingStopped(f"{bad_in_row} non-finite losses in a row at step {state.step}; "
                                           "lower train.lr or check the data")
                 state.step += 1
-                state.flops += phase.flops_per_step
+                state.flops += step_flops
                 state.train_seconds += seconds
                 state.data_wait_seconds += out["data_wait"]
                 state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
+                diagnostics = self.block_norms.step()
                 if acc.is_main_process:
                     metrics_log.write(json.dumps({
                         "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
                         "lr": self.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
                         "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
                         "data_digest": out["data_digest"], "bad_samples": state.bad_samples,
-                        "skipped_nonfinite": state.skipped_nonfinite}) + "\n")
-                bar.update(phase.flops_per_step)
+                        "skipped_nonfinite": state.skipped_nonfinite, **diagnostics}) + "\n")
+                bar.update(step_flops)
                 bar.set_postfix_str(f"step {state.step}/{schedule.total_steps} mask {phase.mask_ratio:g} "
                                     f"loss {out['loss']:.4f}", refresh=False)
                 if state.step in schedule.eval_steps:
@@ -376,7 +411,9 @@ class Trainer:
             with acc.main_process_first():  # the main process writes any missing reference statistics
                 self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device, scores=acc.is_main_process)
         result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}", acc)
+        diagnostics = self.block_norms.summary()
         if acc.is_main_process:
+            result["diagnostics"] = diagnostics
             peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
             utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak)
             print(f"point {point:g}: MFU {utilisation:.1%} of {peak / 1e12:.3g} TFLOP/s per device ({source})")

@@ -1,12 +1,18 @@
 """Rectified-flow objective: x_t = (1 - t)·x0 + t·ε, the model predicts v = ε - x0.
 
-Kept in one place so training, validation loss and sampling agree on the convention
-(t = 0 is data, t = 1 is noise).
+Kept in one place so training, validation loss, sampling and the gradient probe agree on the
+convention (t = 0 is data, t = 1 is noise) and on what each route's loss is.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
+
+from maskbench.models.dit import DiT
+from maskbench.models.kernels import gather_tokens
 
 
 def sample_t(batch: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -23,3 +29,56 @@ def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch
 def velocity_loss(pred: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
     """Mean squared error over the kept tokens (pred, target: B×K×P); masked tokens carry no loss."""
     return torch.mean((pred.float() - target_tokens.float()) ** 2)
+
+
+def downscale(x0: torch.Tensor, noise: torch.Tensor, factor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same samples at 1/factor resolution: box-filtered images, and noise that is still N(0, I).
+
+    The mean of factor² iid N(0, 1) values has variance 1/factor², so scaling it by `factor` gives
+    iid N(0, 1) noise at the low resolution. Reusing the full-resolution draw (instead of drawing anew)
+    keeps every other random choice of the step identical to the full-resolution arm.
+    """
+    return F.avg_pool2d(x0, factor), F.avg_pool2d(noise, factor) * factor            # B×C×H/f×W/f each
+
+
+def in_window(t: torch.Tensor, window: list[float] | tuple[float, ...]) -> torch.Tensor:
+    """B bool: which samples' t lie in the closed window [lo, hi] (empty window: none)."""
+    if not window:
+        return torch.zeros_like(t, dtype=torch.bool)
+    lo, hi = window
+    return (t >= lo) & (t <= hi)                                                      # B
+
+
+def mae_target(x_t_tokens: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """MaskDiT's MAE target: the noisy input patch, normalised per patch (zero mean, unit variance)."""
+    mean = x_t_tokens.mean(-1, keepdim=True)                                          # B×L×1
+    var = x_t_tokens.var(-1, keepdim=True, unbiased=False)                            # B×L×1
+    return (x_t_tokens - mean) / (var + eps).sqrt()                                   # B×L×P
+
+
+def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
+              context_mask: torch.Tensor, keep_idx: torch.Tensor | None = None,
+              drop_context: torch.Tensor | None = None, mae_weight: float = 0.0,
+              forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """The training loss of one batch: velocity MSE on the kept tokens (+ MaskDiT's MAE on the masked ones).
+
+    x0 and noise may be at a lower resolution than the model's native one (downscaled steps); the
+    model adapts its positions. A model with decoder blocks predicts every token; the velocity loss
+    still reads the kept ones only, and `mae_weight` adds the MAE loss on the dropped ones.
+    `forward` is what runs the model (a compiled or DDP-wrapped copy of it); default: `model` itself.
+    """
+    x_t = interpolate(x0, noise, t)                                                   # B×C×H×W
+    target = model.patchify(noise - x0)                                               # B×L×P
+    pred = (forward or model)(x_t, t, context, context_mask, keep_idx, drop_context)               # B×K×P, or B×L×P (decoder)
+    if keep_idx is None:
+        return velocity_loss(pred, target)
+    loss = velocity_loss(gather_tokens(pred, keep_idx, impl="torch") if model.cfg.decoder_depth else pred,
+                         gather_tokens(target, keep_idx, impl="torch"))
+    if mae_weight > 0:
+        if not model.cfg.decoder_depth:
+            raise ValueError("the MAE loss needs predictions for dropped tokens: set model.decoder_depth > 0")
+        dropped = torch.ones(target.shape[:2], dtype=torch.bool, device=target.device)  # B×L
+        dropped[torch.arange(len(keep_idx), device=keep_idx.device)[:, None], keep_idx] = False
+        mae = mae_target(model.patchify(x_t))                                         # B×L×P
+        loss = loss + mae_weight * velocity_loss(pred[dropped], mae[dropped])         # over dropped tokens
+    return loss

@@ -1,0 +1,80 @@
+"""Training diagnostics for the architecture arms: per-block feature norms and the long-skip layers.
+
+ScaleLong's argument is that long skips make hidden features grow and oscillate from step to step;
+Skip-DiT's is that skips keep them stable. Both are claims about feature norms over training, so the
+trainer logs them: the mean token norm of each block's output in every training step (forward hooks,
+so no second forward), its relative change from the previous step, and the weight and bias norms of
+each long-skip fusion layer. `metrics.jsonl` gets the per-step values, `eval.jsonl` a summary per
+eval point (the mean over the steps since the previous point).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from maskbench.models.dit import DiT
+
+
+def named_blocks(model: DiT) -> list[tuple[str, nn.Module]]:
+    """Every transformer block in forward order: mixer.i, block.i, decoder.i."""
+    groups = (("mixer", model.mixer), ("block", model.blocks), ("decoder", model.decoder))
+    return [(f"{group}.{i}", block) for group, blocks in groups for i, block in enumerate(blocks)]
+
+
+def skip_norms(model: DiT) -> dict[str, float]:
+    """L2 norms of each long-skip fusion layer's weight and bias, keyed `skip.<fusing block>.weight|bias`."""
+    return {f"skip.{index}.{name}": param.detach().float().norm().item()
+            for index, skip in model.long_skips.items() for name, param in skip.proj.named_parameters()}
+
+
+class BlockNorms:
+    """Collects the mean token norm of every block's output during training forwards.
+
+    Hooks are registered on the model that trains (not on the EMA copy, which evaluates), and record
+    only in training mode with grad enabled, so validation and sampling never touch them.
+    """
+
+    def __init__(self, model: DiT) -> None:
+        self.model = model
+        self._pending: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self._previous: dict[str, float] = {}
+        self._norm_sums: dict[str, float] = defaultdict(float)
+        self._osc_sums: dict[str, float] = defaultdict(float)
+        self._steps = 0
+        for name, block in named_blocks(model):
+            block.register_forward_hook(self._hook(name))
+
+    def _hook(self, name: str):
+        def record(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            if module.training and torch.is_grad_enabled():
+                self._pending[name].append(output.detach().float().norm(dim=-1).mean())  # mean over B×N tokens
+        return record
+
+    def step(self) -> dict:
+        """This step's block norms (mean over its micro-batches), their oscillation, and the skip norms."""
+        norms = {name: torch.stack(values).mean().item() for name, values in self._pending.items()}
+        self._pending.clear()
+        oscillation = {name: abs(value - self._previous[name]) / max(self._previous[name], 1e-12)
+                       for name, value in norms.items() if name in self._previous}
+        self._previous = norms
+        for name, value in norms.items():
+            self._norm_sums[name] += value
+        for name, value in oscillation.items():
+            self._osc_sums[name] += value
+        self._steps += 1
+        return {"block_norm": norms, "block_osc": oscillation, **({"skip_norm": skip_norms(self.model)}
+                                                                   if self.model.long_skips else {})}
+
+    def summary(self) -> dict:
+        """Means over the steps since the last summary (the eval point's window), then start a new window."""
+        steps = max(self._steps, 1)
+        out = {"block_norm": {name: total / steps for name, total in self._norm_sums.items()},
+               "block_osc": {name: total / steps for name, total in self._osc_sums.items()},
+               "skip_norm": skip_norms(self.model), "steps": self._steps}
+        self._norm_sums.clear()
+        self._osc_sums.clear()
+        self._steps = 0
+        return out
