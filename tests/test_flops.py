@@ -26,8 +26,9 @@ def _setting(cfg: ModelConfig) -> dict:
     return dict(image_size=32, in_channels=4, context_dim=CLIP_H_WIDTH, context_len=CLIP_LEN, text_encoder=False)
 
 
-def _counted_flops(cfg: ModelConfig, mask_ratio: float, train: bool = True) -> int:
-    """FlopCounterMode's count for one real forward (+ backward) of the model with these settings."""
+def _counted_flops(cfg: ModelConfig, mask_ratio: float, train: bool = True, input_size: int | None = None) -> int:
+    """FlopCounterMode's count for one real forward (+ backward) of the model with these settings
+    (input_size: a downscaled input for a model built at the setting's image size)."""
     s = _setting(cfg)
     text = SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len) if s["text_encoder"] else None
     model = DiT(cfg, s["image_size"], s["in_channels"], s["context_dim"], text)
@@ -36,8 +37,10 @@ def _counted_flops(cfg: ModelConfig, mask_ratio: float, train: bool = True) -> i
     else:
         context = torch.randn(BATCH, s["context_len"], s["context_dim"])
     context_mask = torch.ones(BATCH, s["context_len"], dtype=torch.bool)
-    x = torch.randn(BATCH, s["in_channels"], s["image_size"], s["image_size"])
-    keep_idx = random_keep_idx(BATCH, model.seq_len, mask_ratio)
+    size = input_size or s["image_size"]
+    x = torch.randn(BATCH, s["in_channels"], size, size)
+    keep_idx = random_keep_idx(BATCH, (size // cfg.patch_size) ** 2, mask_ratio, grid=model.grid,
+                               structured=cfg.structured_mask)
     drop = torch.tensor([True, False])
     with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(train):
         out = model(x, torch.rand(BATCH), context, context_mask, keep_idx, drop)
@@ -71,6 +74,36 @@ def test_flops_with_patch_mixer_on_real_cpu_tensors() -> None:
     with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernel is invisible to FlopCounterMode
         counted = _counted_flops(cfg, 0.75)
     assert train_step_flops(cfg, batch=BATCH, mask_ratio=0.75, **_setting(cfg)) == pytest.approx(counted, rel=0.02)
+
+
+ARM_MODELS = {  # the model options of the literature arms, on tiny and (where it matters) a latent preset
+    "skip_dit": ("tiny", dict(long_skip="concat_ln")),
+    "uvit_skips_odd_depth": ("dit_s2", dict(long_skip="concat", depth=5)),
+    "scalelong": ("tiny", dict(long_skip="concat_ln", skip_scale="scalelong")),
+    "maskdit_decoder": ("tiny", dict(decoder_depth=1)),
+    "maskdit_decoder_latent": ("dit_s2", dict(decoder_depth=2, depth=2)),
+    "sprint": ("tiny", dict(structured_mask=True)),
+    "mixer_skips_decoder": ("tiny", dict(mixer_depth=1, long_skip="concat", decoder_depth=1)),
+}
+
+
+@pytest.mark.parametrize(("variant", "mask_ratio"), [
+    (variant, ratio) for variant, (_, fields) in ARM_MODELS.items()
+    for ratio in ((0.0, 0.75) if fields.get("structured_mask") else (0.0, 0.5, 0.75))])  # SPRINT: 0.75 only
+def test_arm_model_flops_match_flop_counter(variant: str, mask_ratio: float) -> None:
+    preset, fields = ARM_MODELS[variant]
+    _assert_train_flops_match(dataclasses.replace(PRESETS[preset](), **fields), mask_ratio)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "dit_s2"])
+def test_downscaled_step_flops_are_counted_at_the_resolution_used(preset: str) -> None:
+    cfg = dataclasses.replace(PRESETS[preset](), depth=2)
+    setting = {**_setting(cfg), "image_size": _setting(cfg)["image_size"] // 2}
+    with torch.device("meta"):
+        counted = _counted_flops(cfg, 0.0, input_size=setting["image_size"])
+    analytic = train_step_flops(cfg, batch=BATCH, mask_ratio=0.0, **setting)
+    assert analytic == pytest.approx(counted, rel=0.02)
+    assert analytic < 0.5 * train_step_flops(cfg, batch=BATCH, mask_ratio=0.0, **_setting(cfg))
 
 
 def test_sample_step_flops_match_forward_only() -> None:

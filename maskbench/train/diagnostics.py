@@ -43,6 +43,7 @@ class BlockNorms:
         self._previous: dict[str, float] = {}
         self._norm_sums: dict[str, float] = defaultdict(float)
         self._osc_sums: dict[str, float] = defaultdict(float)
+        self._osc_counts: dict[str, int] = defaultdict(int)
         self._steps = 0
         for name, block in named_blocks(model):
             block.register_forward_hook(self._hook(name))
@@ -64,6 +65,7 @@ class BlockNorms:
             self._norm_sums[name] += value
         for name, value in oscillation.items():
             self._osc_sums[name] += value
+            self._osc_counts[name] += 1
         self._steps += 1
         return {"block_norm": norms, "block_osc": oscillation, **({"skip_norm": skip_norms(self.model)}
                                                                    if self.model.long_skips else {})}
@@ -72,9 +74,10 @@ class BlockNorms:
         """Means over the steps since the last summary (the eval point's window), then start a new window."""
         steps = max(self._steps, 1)
         out = {"block_norm": {name: total / steps for name, total in self._norm_sums.items()},
-               "block_osc": {name: total / steps for name, total in self._osc_sums.items()},
+               "block_osc": {name: total / self._osc_counts[name] for name, total in self._osc_sums.items()},
                "skip_norm": skip_norms(self.model), "steps": self._steps}
         self._norm_sums.clear()
         self._osc_sums.clear()
+        self._osc_counts.clear()
         self._steps = 0
         return out

@@ -1,0 +1,220 @@
+"""The literature arms: long skips, ScaleLong, MaskDiT's decoder + MAE loss, SPRINT, downscaled steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from maskbench.config import ConfigError, load_config
+from maskbench.data.dataset import resolve_dataset
+from maskbench.models.dit import DiT, ModelConfig, long_skip_pairs, skip_scales
+from maskbench.models.masking import random_keep_idx
+from maskbench.models.text import SynthTextEncoder
+from maskbench.train import loop
+from maskbench.train.diagnostics import BlockNorms, named_blocks
+from maskbench.train.loop import Trainer, downscaled_count, make_schedule
+from maskbench.train.objective import downscale, flow_loss, in_window, interpolate, mae_target
+from tests.conftest import tiny_overrides
+
+B = 3
+
+
+def _model(**fields) -> DiT:
+    cfg = ModelConfig(width=32, heads=2, text_width=32, text_depth=1, text_len=8, **fields)
+    return DiT(cfg, 16, 3, cfg.text_width, SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len))
+
+
+def _inputs(model: DiT, size: int = 16) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randn(B, 3, size, size, generator=gen)
+    noise = torch.randn(B, 3, size, size, generator=gen)
+    t = torch.rand(B, generator=gen)
+    ids, mask = model.text_encoder.tokenize(["a red circle", "two blue squares", "a green triangle"])
+    return x0, noise, t, ids, mask
+
+
+# ---------------------------------------------------------------------------------------------- long skips
+def test_long_skips_pair_block_i_with_block_depth_minus_1_minus_i() -> None:
+    assert long_skip_pairs(4) == [(2, 1), (3, 0)]
+    assert long_skip_pairs(5) == [(3, 1), (4, 0)]  # the middle block 2 would fuse itself: no skip
+    assert long_skip_pairs(1) == []
+
+
+def test_each_fusing_block_receives_the_paired_blocks_output() -> None:
+    model = _model(depth=6, long_skip="concat_ln")
+    assert list(model.long_skips) == ["3", "4", "5"]
+    outputs, received = [], {}
+    for block in model.blocks:
+        block.register_forward_hook(lambda module, args, out: outputs.append(out))
+    for index, skip in model.long_skips.items():
+        skip.register_forward_hook(lambda module, args, out, index=index: received.update({int(index): args[1]}))
+    x0, noise, t, ids, mask = _inputs(model)
+    model(interpolate(x0, noise, t), t, ids, mask)
+    for block, source in long_skip_pairs(6):
+        assert received[block] is outputs[source]
+
+
+def test_fusion_is_concat_then_norm_then_linear() -> None:
+    for fusion, has_norm in (("concat_ln", True), ("concat", False)):
+        skip = _model(depth=2, long_skip=fusion).long_skips["1"]
+        x, s = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+        cat = torch.cat([x, s], dim=-1)
+        expected = skip.proj(torch.nn.functional.layer_norm(cat, (64,), skip.norm.weight, skip.norm.bias, 1e-6)
+                             if has_norm else cat)
+        torch.testing.assert_close(skip(x, s), expected)
+
+
+def test_scalelong_scales_the_nth_skip_by_kappa_to_the_n_minus_1() -> None:
+    cfg = ModelConfig(depth=8, long_skip="concat", skip_scale="scalelong", skip_kappa=0.5)
+    assert skip_scales(cfg) == [1.0, 0.5, 0.25, 0.125]
+    model = _model(depth=8, long_skip="concat", skip_scale="scalelong", skip_kappa=0.5)
+    assert {i: model.long_skips[str(i)].scale for i, _ in long_skip_pairs(8)} == {4: 1.0, 5: 0.5, 6: 0.25, 7: 0.125}
+    constant = skip_scales(ModelConfig(depth=8, long_skip="concat", skip_scale="constant"))
+    assert constant == pytest.approx([2 ** -0.5] * 4)
+    skip = model.long_skips["6"]
+    x, s = torch.randn(1, 4, 32), torch.randn(1, 4, 32)
+    torch.testing.assert_close(skip(x, s), skip.proj(torch.cat([x, 0.25 * s], dim=-1)))
+
+
+def test_no_long_skips_by_default_and_bad_options_are_refused() -> None:
+    assert len(_model(depth=4).long_skips) == 0
+    with pytest.raises(ValueError, match="long_skip must be one of"):
+        _model(long_skip="add")
+    with pytest.raises(ConfigError, match="model.long_skip"):
+        load_config(["model.skip_scale=learned"])
+
+
+# ------------------------------------------------------------------------------------- MaskDiT decoder + MAE
+def test_decoder_predicts_every_token_and_the_mae_term_reads_only_dropped_ones() -> None:
+    model = _model(depth=2, decoder_depth=1)
+    x0, noise, t, ids, mask = _inputs(model)
+    keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
+    pred = model(interpolate(x0, noise, t), t, ids, mask, keep)
+    assert pred.shape == (B, model.seq_len, 4 * 4 * 3)
+    target = model.patchify(noise - x0)
+    kept = torch.zeros(B, model.seq_len, dtype=torch.bool)
+    kept[torch.arange(B)[:, None], keep] = True
+    velocity = ((pred[kept] - target[kept]) ** 2).mean()
+    mae = ((pred[~kept] - mae_target(model.patchify(interpolate(x0, noise, t)))[~kept]) ** 2).mean()
+    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, keep), velocity)
+    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, keep, mae_weight=0.1), velocity + 0.1 * mae)
+
+
+def test_mae_target_normalises_each_patch() -> None:
+    target = mae_target(torch.randn(2, 5, 48) * 3 + 7)
+    torch.testing.assert_close(target.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(target.var(-1, unbiased=False), torch.ones(2, 5), atol=1e-4, rtol=0)
+
+
+def test_mae_weight_needs_a_decoder() -> None:
+    with pytest.raises(ConfigError, match="decoder_depth"):
+        load_config(["train.mae_weight=0.1"])
+    model = _model(depth=2)
+    x0, noise, t, ids, mask = _inputs(model)
+    with pytest.raises(ValueError, match="decoder_depth"):
+        flow_loss(model, x0, noise, t, ids, mask, random_keep_idx(B, model.seq_len, 0.5), mae_weight=0.1)
+
+
+# ------------------------------------------------------------------------------------------------- SPRINT
+def test_sprint_arm_keeps_one_token_per_2x2_group_and_refuses_other_ratios() -> None:
+    cfg = load_config(["arm=sprint75"])
+    assert cfg.model.structured_mask and [p.mask_ratio for p in cfg.arm.phases] == [0.75, 0.0]
+    keep = random_keep_idx(4, 64, 0.75, torch.Generator().manual_seed(0), grid=(8, 8), structured=True)
+    groups = (keep // 8 // 2) * 4 + (keep % 8) // 2                  # which 2×2 group each kept token is in
+    assert all(sorted(row.tolist()) == list(range(16)) for row in groups)
+    with pytest.raises(ConfigError, match="structured_mask"):
+        load_config(["arm=mask75_then0", "model.structured_mask=true", "arm.phases=[{mask_ratio: 0.5}]"])
+
+
+# ------------------------------------------------------------------------------------------ downscaled steps
+def test_window_gate_selects_the_samples_whose_t_lies_inside() -> None:
+    t = torch.tensor([0.0, 0.59, 0.6, 0.8, 1.0])
+    assert in_window(t, [0.6, 1.0]).tolist() == [False, False, True, True, True]
+    assert not in_window(t, []).any()
+
+
+def test_downscale_box_filters_images_and_keeps_noise_standard_normal() -> None:
+    x0 = torch.arange(16.0).view(1, 1, 4, 4)
+    low, _ = downscale(x0, torch.zeros_like(x0), 2)
+    assert low.flatten().tolist() == [2.5, 4.5, 10.5, 12.5]
+    _, noise = downscale(torch.zeros(64, 3, 32, 32), torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0)), 2)
+    assert noise.shape == (64, 3, 16, 16) and abs(noise.std().item() - 1) < 0.02
+
+
+def test_model_runs_downscaled_inputs_on_the_pooled_positions() -> None:
+    model = _model(depth=1)
+    x0, noise, t, ids, mask = _inputs(model, size=8)
+    assert model(x0, t, ids, mask).shape == (B, 4, 48)             # 2×2 tokens instead of 4×4
+    pooled = model.positions(2, 2)
+    torch.testing.assert_close(pooled[0], model.pos_embed.view(4, 4, -1)[:2, :2].mean((0, 1)))
+    with pytest.raises(ValueError, match="downscaled by an integer factor"):
+        model(torch.randn(B, 3, 12, 12), t, ids, mask)
+
+
+def test_planned_downscaled_counts_match_what_training_runs(tmp_path, synth_root, monkeypatch) -> None:
+    """The FLOPs plan predicts, from the seed alone, how many samples of each step train at low resolution."""
+    cfg = load_config(["arm=downscale_window", *tiny_overrides(tmp_path, synth_root, "train.downscale_window=[0.3,1.0]")])
+    seen: list[int] = []
+    original = loop.flow_loss
+
+    def recording(model, x0, *args, **kwargs):
+        seen.append(len(x0) if x0.shape[-1] < cfg.data.image_size else 0)
+        return original(model, x0, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "flow_loss", recording)
+    run = Trainer(cfg).fit()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    planned = [downscaled_count(cfg, 1, step["step"]) for step in steps]
+    assert 0 < sum(planned) < cfg.train.batch_size * len(steps)   # some, not all, samples downscaled
+    assert sum(seen) == sum(planned)
+    schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
+    assert steps[-1]["flops"] == schedule.total_flops and len(set(schedule.phases[0].step_flops)) > 1
+
+
+def test_downscale_window_is_validated() -> None:
+    with pytest.raises(ConfigError, match="downscale_window"):
+        load_config(["train.downscale_window=[0.8,0.2]"])
+    with pytest.raises(ConfigError, match="token dropping"):
+        load_config(["arm=mask75", "train.downscale_window=[0.5,1.0]"])
+    with pytest.raises(ConfigError, match="downscale_factor"):
+        load_config(["arm=downscale_window", "train.downscale_factor=3"])
+
+
+# -------------------------------------------------------------------------------- shipped arms, diagnostics
+@pytest.mark.parametrize("arm", ["lsc_mask75_then0", "maskdit50"])
+def test_arm_trains_and_logs_block_norms_per_step_and_per_point(tmp_path, synth_root, arm: str) -> None:
+    cfg = load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root)])
+    run = Trainer(cfg).fit()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    points = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    model = _model(**{k: getattr(cfg.model, k) for k in ("depth", "decoder_depth", "long_skip")})
+    names = [name for name, _ in named_blocks(model)]
+    assert all(sorted(step["block_norm"]) == sorted(names) for step in steps)
+    assert all(sorted(step["block_osc"]) == sorted(names) for step in steps[1:])
+    assert [p["point"] for p in points] == [0.5, 1.0] and all(p["diagnostics"]["steps"] > 0 for p in points)
+    if cfg.model.long_skip != "none":
+        assert sorted(steps[-1]["skip_norm"]) == ["skip.1.bias", "skip.1.weight"]
+        assert points[-1]["diagnostics"]["skip_norm"]["skip.1.weight"] > 0
+
+
+def test_block_norms_record_training_forwards_only() -> None:
+    model = _model(depth=2, long_skip="concat")
+    norms = BlockNorms(model)
+    outputs = []
+    model.blocks[1].register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
+    x0, noise, t, ids, mask = _inputs(model)
+    for _ in range(2):
+        model(interpolate(x0, noise, t), t, ids, mask)
+    first = norms.step()
+    assert first["block_norm"]["block.1"] == pytest.approx(torch.stack([o.norm(dim=-1).mean() for o in outputs]).mean().item())
+    assert first["block_osc"] == {} and set(first["skip_norm"]) == {"skip.1.weight", "skip.1.bias"}
+    with torch.no_grad():
+        model(interpolate(x0, noise, t), t, ids, mask)         # sampling-like forward: not recorded
+    model(interpolate(x0, 2 * noise, t), t, ids, mask)
+    second = norms.step()
+    expected = abs(second["block_norm"]["block.1"] - first["block_norm"]["block.1"]) / first["block_norm"]["block.1"]
+    assert second["block_osc"]["block.1"] == pytest.approx(expected) and expected > 0
+    summary = norms.summary()
+    assert summary["steps"] == 2 and summary["block_osc"]["block.1"] == pytest.approx(expected)
