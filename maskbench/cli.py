@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from maskbench.config import ConfigError, format_arm, known_arms, load_config
+from maskbench.config import ConfigError, arm_settings, format_arm, known_arms, load_config
 from maskbench.data.encode import add_encode_arguments
 from maskbench.data.pack import add_pack_arguments
 from maskbench.data.verify import add_verify_arguments
@@ -19,7 +19,7 @@ EXAMPLES = """examples:
   maskbench run arm=mask75_then0                 train one arm on the embedded default
   maskbench run arm=mask0 seed=1 budget.flops=3e13 eval.points=[0.5,1.0]
   maskbench run arm=path/to/my_arm.yaml model=dit_s2
-  maskbench arms                                 list the shipped arms and their phases
+  maskbench arms                                 list the shipped arms: phases and the options they set
   maskbench data synth                           generate the embedded synth dataset
 """
 
@@ -82,7 +82,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_arms(args: argparse.Namespace) -> int:
     for name in known_arms():
         arm = load_config([f"arm={name}"]).arm
-        print(f"{name:16s} {format_arm(arm):28s} {arm.description}")
+        print(f"{name:18s} {format_arm(arm):20s} {arm.description}")
+        if settings := arm_settings(name):
+            print(f"{'':18s} {'':20s} sets {' '.join(settings)}")
     return 0
 
 

@@ -163,6 +163,15 @@ def known_arms() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "arm").glob("*.yaml"))
 
 
+def arm_settings(name: str) -> list[str]:
+    """The model/train options a shipped arm sets besides its phases, as `key=value` strings."""
+    loaded = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "arm" / f"{name}.yaml"))
+    if "arm" not in loaded:  # a phases-only arm file
+        return []
+    return [f"{group}.{key}={value}" for group, options in loaded.items() if group != "arm"
+            for key, value in options.items()]
+
+
 def _split_arm_file(overrides: list[str]) -> tuple[list[str], Optional[Path]]:
     """`arm=path/to/arm.yaml` names a user's arm file; Hydra only knows packaged group options."""
     rest, arm_file = [], None

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from maskbench.config import ConfigError, load_config
+from maskbench.cli import main
+from maskbench.config import ConfigError, load_config, run_id
 from maskbench.data.dataset import resolve_dataset
 from maskbench.models.dit import DiT, ModelConfig, long_skip_pairs, skip_scales
 from maskbench.models.masking import random_keep_idx
@@ -218,3 +219,28 @@ def test_block_norms_record_training_forwards_only() -> None:
     assert second["block_osc"]["block.1"] == pytest.approx(expected) and expected > 0
     summary = norms.summary()
     assert summary["steps"] == 2 and summary["block_osc"]["block.1"] == pytest.approx(expected)
+
+
+def test_arms_lists_the_options_each_arm_sets(capsys) -> None:
+    assert main(["arms"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    lsc = next(i for i, line in enumerate(lines) if line.startswith("lsc_scalelong "))
+    assert lines[lsc + 1].split() == ["sets", "model.long_skip=concat_ln", "model.skip_scale=scalelong",
+                                      "model.skip_kappa=0.5"]
+
+
+def test_a_user_arm_file_may_set_model_options_and_the_command_line_still_wins(tmp_path) -> None:
+    arm_file = tmp_path / "skips_half.yaml"
+    arm_file.write_text("arm:\n  phases: [{mask_ratio: 0.5, fraction: 1.0}]\nmodel:\n  long_skip: concat\n")
+    cfg = load_config([f"arm={arm_file}"])
+    assert (cfg.arm.name, cfg.arm.phases[0].mask_ratio, cfg.model.long_skip) == ("skips_half", 0.5, "concat")
+    assert load_config([f"arm={arm_file}", "model.long_skip=concat_ln"]).model.long_skip == "concat_ln"
+    arm_file.write_text("arm:\n  phases: [{mask_ratio: 0.5, fraction: 1.0}]\nmodel:\n  skips: 3\n")
+    with pytest.raises(ConfigError, match="skips"):
+        load_config([f"arm={arm_file}"])
+
+
+def test_new_options_left_at_their_defaults_keep_existing_run_names() -> None:
+    """Runs trained before these options existed resume under the same directory name."""
+    assert run_id(load_config(["arm=mask0"])) == "mask0-synth-tiny-s0-569383e7"
+    assert run_id(load_config(["arm=mask0", "model.long_skip=concat"])) != "mask0-synth-tiny-s0-569383e7"
