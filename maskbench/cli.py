@@ -179,6 +179,19 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error)
 
 
+def cmd_probe_gradfid(args: argparse.Namespace) -> int:
+    from maskbench.eval.gradfid import format_table, probe_gradfid
+
+    try:
+        rows = probe_gradfid(args.run_dir, args.bins, args.batches, args.batch_size, args.seed)
+    except (ConfigError, ValueError) as err:
+        return fail(str(err).splitlines()[0])
+    out = Path(args.run_dir) / "probe"
+    print(f"wrote {out / 'gradfid.csv'} and {out / 'gradfid.png'}")
+    print(format_table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maskbench", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
@@ -245,6 +258,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.set_defaults(func=cmd_leaderboard)
     add_repro_arguments(sub)
+
+    probe = sub.add_parser("probe", help="diagnostic probes of a trained run (gradfid: does masking keep the "
+                                         "gradient's direction, per noise level?)")
+    probe_sub = probe.add_subparsers(dest="probe_command", required=True, metavar="PROBE")
+    gradfid = probe_sub.add_parser(
+        "gradfid", help="debiased cosine between full-token and masked / downscaled gradients per t bin",
+        description="Load RUN_DIR's raw weights from its latest checkpoint; for each t bin compute, on the same "
+                    "training batches, noise and t, the full-token gradient and the gradient of each route "
+                    "(random mask 0.5 and 0.75, structured 2x2 mask 0.75, x2 downscaled on pixel data), and the "
+                    "debiased cosine of their expectations with a 95% jackknife interval. Writes "
+                    "RUN_DIR/probe/gradfid.csv and gradfid.png (route x t heatmap).",
+        epilog="example: maskbench probe gradfid runs/mask0-synth-tiny-s0-1a2b3c4d --bins 8 --batches 16")
+    gradfid.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with at least one checkpoint")
+    gradfid.add_argument("--bins", type=int, default=8, help="uniform t bins over (0, 1) (default 8)")
+    gradfid.add_argument("--batches", type=int, default=16,
+                         help="independent batches per bin, >= 3; more narrows the interval (default 16)")
+    gradfid.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
+    gradfid.add_argument("--seed", type=int, default=0, help="seed of the batches, t, noise and masks (default 0)")
+    gradfid.set_defaults(func=cmd_probe_gradfid)
 
     bench = sub.add_parser("bench", help="device figures: `maskbench bench peak` measures the GEMM peak (MFU's "
                                          "denominator on devices without a table entry)")

@@ -3,7 +3,8 @@
 The question maskbench answers is comparative (does an arm beat the unmasked baseline at equal
 compute?), so every figure carries its uncertainty: means over seeds with Student-t intervals, a
 two-sample test against the baseline, and the compute at which an arm matches the baseline's
-final quality. Lower is better for FID (and for the oracle Fréchet distance stored in `fid` on
+final quality. `debiased_cosine` serves the gradient-fidelity probe (`maskbench probe gradfid`).
+Lower is better for FID (and for the oracle Fréchet distance stored in `fid` on
 synth, labelled by `fid_features`) and for val_loss; higher is better for CLIP score and alignment.
 """
 
@@ -81,6 +82,58 @@ def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
         return None
     result = scipy.stats.ttest_ind(a, b, equal_var=False)
     return float(result.statistic), float(result.pvalue)
+
+
+@dataclass(frozen=True)
+class CosineEstimate:
+    """cos(E[a], E[b]) debiased, its jackknife interval, and the naive mean per-batch cosine beside it."""
+    cosine: float   # NaN when either expected gradient is below the noise (estimated |E a|² <= 0)
+    ci_lo: float
+    ci_hi: float
+    naive: float
+    n: int
+
+
+def debiased_cosine(gram_aa: np.ndarray, gram_bb: np.ndarray, gram_ab: np.ndarray,
+                    level: float = 0.95) -> CosineEstimate:
+    """cos(E[a], E[b]) from n paired gradients (a_i, b_i), each pair computed on the same batch i.
+
+    The question is whether the *expected* gradients point the same way. The cosine of per-batch
+    gradients answers another one: with noise, a_i·b_i / (|a_i||b_i|) shrinks towards 0 because the
+    noise inflates the norms (|a_i|² = |E a|² + noise). Products of DISTINCT, independent batches are
+    unbiased: E[a_i·b_j] = E[a]·E[b] for i != j. So with the U-statistics
+        <E a, E b> ≈ Σ_{i≠j} a_i·b_j / (n(n−1)),   |E a|² ≈ Σ_{i≠j} a_i·a_j / (n(n−1)),   same for b,
+    cosine = ab / √(aa·bb), NaN when aa or bb <= 0 (the signal is below the noise). Inputs are the n×n
+    Gram matrices G_aa[i, j] = a_i·a_j, G_bb[i, j] = b_i·b_j, G_ab[i, j] = a_i·b_j, so a caller keeps
+    n² numbers instead of the gradients. The n(n−1) factors cancel in the ratio.
+
+    Interval: leave-one-batch-out jackknife, exact from the Gram matrices (dropping batch k removes row
+    and column k), with the normal quantile: cosine ± z·√((n−1)/n · Σ_k (θ_k − θ̄)²). A bootstrap would
+    pair a batch with its own copy and bring the noise bias back. NaN bounds when a leave-one-out
+    estimate is NaN. Needs n >= 3 (each leave-one-out estimate needs two distinct batches).
+    """
+    grams = [np.asarray(g, dtype=np.float64) for g in (gram_aa, gram_bb, gram_ab)]
+    n = grams[0].shape[0]
+    if any(g.shape != (n, n) for g in grams) or n < 3:
+        raise ValueError(f"debiased_cosine needs three n×n Gram matrices with n >= 3, got shapes "
+                         f"{[g.shape for g in grams]}")
+    if not 0 < level < 1:
+        raise ValueError(f"confidence level must be in (0, 1), got {level}")
+    diagonals = [np.diag(g) for g in grams]                                        # 3×n
+    off = [g.sum() - d.sum() for g, d in zip(grams, diagonals)]                    # Σ_{i≠j}, 3 scalars
+    # Dropping batch k removes its off-diagonal row and column: S − rowsum_k − colsum_k + 2·G_kk.
+    loo = [s - g.sum(1) - g.sum(0) + 2 * d for s, g, d in zip(off, grams, diagonals)]  # 3×n
+    cosine = _cosine(*off)
+    jack = _cosine(*loo)                                                           # n
+    half = scipy.stats.norm.ppf((1 + level) / 2) * math.sqrt((n - 1) / n * np.sum((jack - jack.mean()) ** 2))
+    naive = float(np.mean(diagonals[2] / np.sqrt(diagonals[0] * diagonals[1])))
+    return CosineEstimate(float(cosine), float(cosine - half), float(cosine + half), naive, n)
+
+
+def _cosine(aa: np.ndarray, bb: np.ndarray, ab: np.ndarray) -> np.ndarray:
+    """ab / √(aa·bb) elementwise, NaN wherever aa or bb is not positive."""
+    valid = (aa > 0) & (bb > 0)
+    return np.where(valid, ab / np.sqrt(np.where(valid, aa * bb, 1.0)), math.nan)
 
 
 @dataclass

@@ -1,0 +1,98 @@
+"""The gradient-fidelity probe: the debiased cosine on gradients of known correlation, and the probe end to end."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from maskbench.cli import main
+from maskbench.config import load_config
+from maskbench.eval import gradfid
+from maskbench.eval.gradfid import probe_gradfid
+from maskbench.results.stats import debiased_cosine
+from maskbench.train.loop import train
+from tests.conftest import tiny_overrides
+
+DIM, N, TRUE_COS, NOISE = 2000, 16, 0.6, 0.1  # per-coordinate noise: |noise|² = 20 × |signal|²
+
+
+def grams(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return a @ a.T, b @ b.T, a @ b.T
+
+
+@pytest.fixture
+def noisy_pair() -> tuple[np.ndarray, np.ndarray]:
+    """N paired noisy gradients whose unit-norm means have cosine TRUE_COS."""
+    rng = np.random.default_rng(0)
+    u, v = np.linalg.qr(rng.standard_normal((DIM, 2)))[0].T                      # orthonormal, DIM each
+    mean_a, mean_b = u, TRUE_COS * u + math.sqrt(1 - TRUE_COS ** 2) * v
+    return (mean_a + NOISE * rng.standard_normal((N, DIM)),
+            mean_b + NOISE * rng.standard_normal((N, DIM)))
+
+
+def test_debiased_cosine_recovers_known_correlation_that_the_naive_one_misses(noisy_pair):
+    est = debiased_cosine(*grams(*noisy_pair))
+    assert est.n == N
+    assert est.ci_lo <= TRUE_COS <= est.ci_hi and abs(est.cosine - TRUE_COS) < 0.1
+    assert 0 < est.ci_hi - est.ci_lo < 0.4
+    assert abs(est.naive) < 0.15  # noise drags the per-batch cosine towards 0, far outside the interval
+    assert est.naive < est.ci_lo
+
+
+def test_debiased_cosine_is_one_for_identical_routes(noisy_pair):
+    a, _ = noisy_pair
+    est = debiased_cosine(*grams(a, a))
+    assert est.cosine == pytest.approx(1.0) and est.ci_lo == pytest.approx(1.0) and est.ci_hi == pytest.approx(1.0)
+
+
+def test_debiased_cosine_is_nan_without_signal(noisy_pair):
+    a, b = noisy_pair
+    pure_noise = a - a.mean(0)  # mean exactly 0: the distinct-batch estimate of |E a|² is negative
+    est = debiased_cosine(*grams(pure_noise, b))
+    assert math.isnan(est.cosine) and math.isnan(est.ci_lo) and math.isnan(est.ci_hi)
+    assert math.isfinite(est.naive)
+
+
+def test_debiased_cosine_refuses_too_few_batches():
+    with pytest.raises(ValueError, match="n >= 3"):
+        debiased_cosine(*grams(np.ones((2, 4)), np.ones((2, 4))))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, synth_root) -> Path:
+    """A tiny trained synth run (a few seconds), shared by the probe tests."""
+    return train(load_config(tiny_overrides(tmp_path_factory.mktemp("gradfid"), synth_root, "arm=mask0",
+                                            "eval.points=[1.0]")))
+
+
+def test_probe_writes_map_of_every_route_and_bin(run_dir, capsys):
+    assert main(["probe", "gradfid", str(run_dir), "--bins", "2", "--batches", "4", "--batch-size", "16"]) == 0
+    assert "gradfid.png" in capsys.readouterr().out
+    with open(run_dir / "probe" / "gradfid.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["route"], r["t_lo"]) for r in rows} == {(route, t_lo) for route in ("mask50", "mask75", "sprint75",
+                                                                                     "down2") for t_lo in ("0.0", "0.5")}
+    for row in rows:
+        cosine, lo, hi = float(row["cosine"]), float(row["ci_lo"]), float(row["ci_hi"])
+        assert row["n_batches"] == "4" and -1.5 <= cosine <= 1.5 and lo <= cosine <= hi
+    assert (run_dir / "probe" / "gradfid.png").stat().st_size > 0
+
+
+def test_probe_is_deterministic_and_pairs_routes_with_the_full_gradient(run_dir, monkeypatch):
+    """Same seed, same rows; a 'route' that keeps every token sees the same x0/noise/t, so its cosine is 1."""
+    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.Route("mask0", 0.0),))
+    rows = probe_gradfid(run_dir, bins=1, batches=3, batch_size=4)
+    assert [r["route"] for r in rows] == ["mask0", "down2"]
+    assert rows[0]["cosine"] == pytest.approx(1.0) and rows[0]["naive_cosine"] == pytest.approx(1.0)
+    np.testing.assert_equal(probe_gradfid(run_dir, bins=1, batches=3, batch_size=4), rows)  # NaN == NaN here
+
+
+def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert main(["probe", "gradfid", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert main(["probe", "gradfid", str(tmp_path), "--batches", "2"]) == 2
+    assert "batches >= 3" in capsys.readouterr().err
