@@ -13,10 +13,10 @@ from maskbench.data.dataset import resolve_dataset
 from maskbench.models.dit import DiT, ModelConfig, long_skip_pairs, skip_scales
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import SynthTextEncoder
-from maskbench.train import loop
+from maskbench.train import objective
 from maskbench.train.diagnostics import BlockNorms, named_blocks
 from maskbench.train.loop import Trainer, downscaled_count, make_schedule
-from maskbench.train.objective import downscale, flow_loss, in_window, interpolate, mae_target
+from maskbench.train.objective import downscale, flow_loss, in_window, interpolate, mae_target, windowed_flow_loss
 from tests.conftest import tiny_overrides
 
 B = 3
@@ -154,17 +154,32 @@ def test_model_runs_downscaled_inputs_on_the_pooled_positions() -> None:
         model(torch.randn(B, 3, 12, 12), t, ids, mask)
 
 
+def test_windowed_loss_is_the_sample_mean_of_the_downscaled_and_full_parts() -> None:
+    model = _model(depth=1)
+    x0, noise, t, ids, mask = _inputs(model)
+    t = torch.tensor([0.2, 0.7, 0.9])
+    drop = torch.tensor([False, True, False])
+    low = torch.tensor([False, True, True])
+    windowed = windowed_flow_loss(model, x0, noise, t, ids, mask, None, drop, [0.6, 1.0], 2)
+    x0_low, noise_low = downscale(x0[low], noise[low], 2)
+    parts = (2 * flow_loss(model, x0_low, noise_low, t[low], ids[low], mask[low], None, drop[low])
+             + flow_loss(model, x0[~low], noise[~low], t[~low], ids[~low], mask[~low], None, drop[~low])) / 3
+    torch.testing.assert_close(windowed, parts)
+    torch.testing.assert_close(windowed_flow_loss(model, x0, noise, t, ids, mask, None, drop, [], 2),
+                               flow_loss(model, x0, noise, t, ids, mask, None, drop))
+
+
 def test_planned_downscaled_counts_match_what_training_runs(tmp_path, synth_root, monkeypatch) -> None:
     """The FLOPs plan predicts, from the seed alone, how many samples of each step train at low resolution."""
     cfg = load_config(["arm=downscale_window", *tiny_overrides(tmp_path, synth_root, "train.downscale_window=[0.3,1.0]")])
     seen: list[int] = []
-    original = loop.flow_loss
+    original = objective.flow_loss
 
     def recording(model, x0, *args, **kwargs):
         seen.append(len(x0) if x0.shape[-1] < cfg.data.image_size else 0)
         return original(model, x0, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "flow_loss", recording)
+    monkeypatch.setattr(objective, "flow_loss", recording)
     run = Trainer(cfg).fit()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     planned = [downscaled_count(cfg, 1, step["step"]) for step in steps]

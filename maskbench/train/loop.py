@@ -55,7 +55,7 @@ from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
 from maskbench.train.flops import PhasePlan, plan_phases, train_step_flops
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
-from maskbench.train.objective import downscale, flow_loss, in_window, sample_t
+from maskbench.train.objective import in_window, sample_t, windowed_flow_loss
 
 
 class TrainingStopped(RuntimeError):
@@ -87,24 +87,27 @@ class Schedule:
 
 def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int) -> Schedule:
     """Plan phases by FLOPs, then put each eval point at the first step whose FLOPs reach it."""
-    @functools.cache
-    def sample_flops(mask_ratio: float, image_size: int) -> int:  # the step cost is linear in the batch
-        return train_step_flops(cfg.model, image_size, data.channels,
-                                data.context_dim or cfg.model.text_width, data.context_len or cfg.model.text_len,
-                                1, mask_ratio, text_encoder=not data.latent)
-
-    def step_flops(mask_ratio: float, step: int) -> int:
-        low = downscaled_count(cfg, n_streams, step)
-        return ((cfg.train.batch_size - low) * sample_flops(mask_ratio, data.image_size)
-                + low * sample_flops(mask_ratio, data.image_size // cfg.train.downscale_factor))
-
-    phases = plan_phases([(p.mask_ratio, p.fraction) for p in cfg.arm.phases], cfg.budget.flops, step_flops)
-    cumulative = list(itertools.accumulate(cost for phase in phases for cost in phase.step_flops))
+    cost = functools.cache(functools.partial(step_flops, cfg, data))  # (mask ratio, downscaled samples) -> FLOPs
+    phases = plan_phases([(p.mask_ratio, p.fraction) for p in cfg.arm.phases], cfg.budget.flops,
+                         lambda mask_ratio, step: cost(mask_ratio, downscaled_count(cfg, n_streams, step)))
+    cumulative = list(itertools.accumulate(flops for phase in phases for flops in phase.step_flops))
     eval_steps = {}
     for point in sorted(cfg.eval.points):
         target = point * cumulative[-1] * (1 - 1e-9)
         eval_steps[bisect.bisect_left(cumulative, target) + 1] = point
     return Schedule(phases, eval_steps)
+
+
+def step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downscaled: int = 0) -> int:
+    """FLOPs of one training step of the global batch, `downscaled` of its samples at 1/factor resolution
+    (a step's cost is linear in its batch, so the two parts add)."""
+    def per_sample(image_size: int) -> int:
+        return train_step_flops(cfg.model, image_size, data.channels, data.context_dim or cfg.model.text_width,
+                                data.context_len or cfg.model.text_len, 1, mask_ratio,
+                                text_encoder=not data.latent)
+
+    full = (cfg.train.batch_size - downscaled) * per_sample(data.image_size)
+    return full + (downscaled and downscaled * per_sample(data.image_size // cfg.train.downscale_factor))
 
 
 def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> int:
@@ -254,11 +257,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ step
     def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> torch.Tensor:
-        """The training loss of one stream's micro-batch, its randomness drawn from (seed, stream, step).
-
-        With a downscale window, the samples whose t lies inside it train at 1/factor resolution and the
-        rest at full resolution; the loss is the mean over samples either way.
-        """
+        """The training loss of one stream's micro-batch, its randomness drawn from (seed, stream, step)."""
         cfg, acc = self.cfg, self.accelerator
         unwrapped: DiT = acc.unwrap_model(self.model)
         gen_cpu, gen_dev = step_generators(cfg.seed, stream, step, acc.device)
@@ -270,18 +269,10 @@ class Trainer:
                                    device=acc.device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
         noise = torch.randn(x0.shape, generator=gen_dev, device=acc.device)            # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, acc.device)
-        loss = functools.partial(flow_loss, unwrapped, forward=self.forward, mae_weight=cfg.train.mae_weight)
-        low = in_window(t, cfg.train.downscale_window)                                 # b
         with acc.autocast():
-            if not low.any():
-                return loss(x0, noise, t, context, context_mask, keep_idx, drop)
-            full = ~low                                                                # mask 0 here (validated)
-            x0_low, noise_low = downscale(x0[low], noise[low], cfg.train.downscale_factor)  # n_low×C×H/f×W/f
-            total = low.sum() * loss(x0_low, noise_low, t[low], context[low], context_mask[low], None, drop[low])
-            if full.any():
-                total = total + full.sum() * loss(x0[full], noise[full], t[full], context[full],
-                                                  context_mask[full], None, drop[full])
-            return total / b
+            return windowed_flow_loss(unwrapped, x0, noise, t, context, context_mask, keep_idx, drop,
+                                      cfg.train.downscale_window, cfg.train.downscale_factor,
+                                      cfg.train.mae_weight, forward=self.forward)
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> torch.Tensor:
         """Backward over this rank's micro-batches (all-reduced once, after the last); returns their losses."""

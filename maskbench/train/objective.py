@@ -6,6 +6,7 @@ convention (t = 0 is data, t = 1 is noise) and on what each route's loss is.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -82,3 +83,28 @@ def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor
         mae = mae_target(model.patchify(x_t))                                         # B×L×P
         loss = loss + mae_weight * velocity_loss(pred[dropped], mae[dropped])         # over dropped tokens
     return loss
+
+
+def windowed_flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
+                       context_mask: torch.Tensor, keep_idx: torch.Tensor | None, drop_context: torch.Tensor,
+                       window: list[float], factor: int, mae_weight: float = 0.0,
+                       forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """`flow_loss`, except that samples whose t lies in `window` train at 1/factor resolution.
+
+    The batch splits in two (every sample keeps its own t, noise and caption dropout) and the loss is
+    the mean over samples of either part. Token dropping and downscaling are separate arms, so the
+    split runs at mask 0 (the config refuses both at once).
+    """
+    loss = functools.partial(flow_loss, model, mae_weight=mae_weight, forward=forward)
+    low = in_window(t, window)                                                        # B
+    if not low.any():
+        return loss(x0, noise, t, context, context_mask, keep_idx, drop_context)
+    if keep_idx is not None:
+        raise ValueError("downscaled samples train on every token: keep_idx must be None")
+    full = ~low                                                                       # B
+    x0_low, noise_low = downscale(x0[low], noise[low], factor)                        # n_low×C×H/f×W/f
+    total = low.sum() * loss(x0_low, noise_low, t[low], context[low], context_mask[low], None, drop_context[low])
+    if full.any():
+        total = total + full.sum() * loss(x0[full], noise[full], t[full], context[full], context_mask[full],
+                                          None, drop_context[full])
+    return total / len(t)
