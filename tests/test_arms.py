@@ -169,9 +169,11 @@ def test_windowed_loss_is_the_sample_mean_of_the_downscaled_and_full_parts() -> 
                                flow_loss(model, x0, noise, t, ids, mask, None, drop))
 
 
-def test_planned_downscaled_counts_match_what_training_runs(tmp_path, synth_root, monkeypatch) -> None:
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_planned_downscaled_counts_match_what_training_runs(tmp_path, synth_root, monkeypatch, grad_accum) -> None:
     """The FLOPs plan predicts, from the seed alone, how many samples of each step train at low resolution."""
-    cfg = load_config(["arm=downscale_window", *tiny_overrides(tmp_path, synth_root, "train.downscale_window=[0.3,1.0]")])
+    cfg = load_config(["arm=downscale_window", *tiny_overrides(tmp_path, synth_root, "train.downscale_window=[0.3,1.0]",
+                                                               f"train.grad_accum={grad_accum}")])
     seen: list[int] = []
     original = objective.flow_loss
 
@@ -182,10 +184,10 @@ def test_planned_downscaled_counts_match_what_training_runs(tmp_path, synth_root
     monkeypatch.setattr(objective, "flow_loss", recording)
     run = Trainer(cfg).fit()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    planned = [downscaled_count(cfg, 1, step["step"]) for step in steps]
+    planned = [downscaled_count(cfg, grad_accum, step["step"]) for step in steps]
     assert 0 < sum(planned) < cfg.train.batch_size * len(steps)   # some, not all, samples downscaled
     assert sum(seen) == sum(planned)
-    schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
+    schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=grad_accum)
     assert steps[-1]["flops"] == schedule.total_flops and len(set(schedule.phases[0].step_flops)) > 1
 
 

@@ -5,7 +5,8 @@ Skip-DiT's is that skips keep them stable. Both are claims about feature norms o
 trainer logs them: the mean token norm of each block's output in every training step (forward hooks,
 so no second forward), its relative change from the previous step, and the weight and bias norms of
 each long-skip fusion layer. `metrics.jsonl` gets the per-step values, `eval.jsonl` a summary per
-eval point (the mean over the steps since the previous point).
+eval point (the mean over the steps since the previous point). With several processes, rank 0 logs
+the norms of its own micro-batches: a diagnostic needs no extra collective per step.
 """
 
 from __future__ import annotations
