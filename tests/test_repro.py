@@ -108,3 +108,14 @@ def test_bad_input_is_one_line_and_exit_2(run_dir, tmp_path, capsys):
     assert repro_main(run_dir, steps=10_000) == 2
     err = capsys.readouterr().err
     assert "--steps must be between 2 and" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_commit_during_a_sweep_does_not_relabel_its_later_rows(monkeypatch):
+    """The sha is read once per process: later rows keep the commit of the code the process loaded."""
+    from types import SimpleNamespace
+
+    from maskbench.train import checkpoint
+
+    loaded = checkpoint.git_sha()
+    monkeypatch.setattr(checkpoint.subprocess, "run", lambda *args, **kwargs: SimpleNamespace(returncode=0, stdout="f" * 40))
+    assert checkpoint.git_sha() == loaded

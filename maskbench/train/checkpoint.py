@@ -15,6 +15,7 @@ leaves a checkpoint that looks complete.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -54,8 +55,12 @@ class TrainState:
             setattr(self, key, value)
 
 
+@functools.cache
 def git_sha() -> str:
-    """The commit of the maskbench source tree, or '' outside a git checkout."""
+    """The commit of the maskbench source tree, or '' outside a git checkout.
+
+    Read once per process: a sweep trains its runs one after another in one process, and a commit made
+    while it runs must not relabel its later rows, whose code is still the code this process loaded."""
     src = Path(maskbench.__file__).resolve().parent.parent
     try:
         out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
