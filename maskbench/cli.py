@@ -183,7 +183,8 @@ def cmd_probe_gradfid(args: argparse.Namespace) -> int:
     from maskbench.eval.gradfid import format_table, probe_gradfid
 
     try:
-        rows = probe_gradfid(args.run_dir, args.bins, args.batches, args.batch_size, args.seed)
+        rows = probe_gradfid(args.run_dir, args.bins, args.batches, args.batch_size, args.seed,
+                             max_memory_gb=args.max_memory_gb)
     except (ConfigError, ValueError) as err:
         return fail(str(err).splitlines()[0])
     out = Path(args.run_dir) / "probe"
@@ -276,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="independent batches per bin, >= 3; more narrows the interval (default 16)")
     gradfid.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
     gradfid.add_argument("--seed", type=int, default=0, help="seed of the batches, t, noise and masks (default 0)")
+    gradfid.add_argument("--max-memory-gb", type=float, default=16.0,
+                         help="CPU memory for the held gradients, (1 + routes) x params x 4 bytes per batch; past "
+                              "it, batches are summed into as many groups as fit, >= 3 (default 16)")
     gradfid.set_defaults(func=cmd_probe_gradfid)
 
     bench = sub.add_parser("bench", help="device figures: `maskbench bench peak` measures the GEMM peak (MFU's "

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from maskbench.cli import main
-from maskbench.config import load_config
+from maskbench.config import ConfigError, load_config
 from maskbench.eval import gradfid
 from maskbench.eval.gradfid import probe_gradfid
 from maskbench.results.stats import debiased_cosine
@@ -62,6 +64,28 @@ def test_debiased_cosine_refuses_too_few_batches():
         debiased_cosine(*grams(np.ones((2, 4)), np.ones((2, 4))))
 
 
+def test_group_sums_keep_the_estimate_unbiased(noisy_pair):
+    """Sums of 4 batches are batches of a bigger size: the estimator on 4 group sums still finds the cosine."""
+    a, b = (x.reshape(4, N // 4, DIM).sum(1) for x in noisy_pair)                # 4×DIM group sums
+    est = debiased_cosine(*grams(a, b))
+    assert est.n == 4 and est.ci_lo <= TRUE_COS <= est.ci_hi
+
+
+def test_group_count_holds_every_batch_when_it_fits_and_refuses_below_three():
+    gb = 1e9
+    assert gradfid.group_count(16, int(0.1 * gb), max_memory_gb=16) == 16
+    assert gradfid.group_count(16, int(3 * gb), max_memory_gb=16) == 5
+    with pytest.raises(ConfigError, match="raise --max-memory-gb to 21.0"):
+        gradfid.group_count(16, int(7 * gb), max_memory_gb=16)
+
+
+def test_gram_in_chunks_equals_the_fp64_product(monkeypatch):
+    monkeypatch.setattr(gradfid, "GRAM_CHUNK", 7)
+    vectors = torch.randn(5, 100)
+    exact = vectors.double() @ vectors.double().T
+    np.testing.assert_allclose(gradfid.gram(vectors), exact.numpy(), rtol=1e-12)
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, synth_root) -> Path:
     """A tiny trained synth run (a few seconds), shared by the probe tests."""
@@ -78,7 +102,7 @@ def test_probe_writes_map_of_every_route_and_bin(run_dir, capsys):
                                                                                      "down2") for t_lo in ("0.0", "0.5")}
     for row in rows:
         cosine, lo, hi = float(row["cosine"]), float(row["ci_lo"]), float(row["ci_hi"])
-        assert row["n_batches"] == "4" and -1.5 <= cosine <= 1.5 and lo <= cosine <= hi
+        assert row["n_batches"] == row["groups"] == "4" and -1.5 <= cosine <= 1.5 and lo <= cosine <= hi
     assert (run_dir / "probe" / "gradfid.png").stat().st_size > 0
 
 
@@ -96,3 +120,18 @@ def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
     assert main(["probe", "gradfid", str(tmp_path), "--batches", "2"]) == 2
     assert "batches >= 3" in capsys.readouterr().err
+
+
+def test_a_memory_cap_sums_batches_into_groups(run_dir, monkeypatch):
+    """Under a cap that holds 3 gradient stacks, 6 batches go into 3 groups; the per-batch cosine is unchanged."""
+    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.Route("mask0", 0.0), gradfid.Route("mask75", 0.75)))
+    free = probe_gradfid(run_dir, bins=1, batches=6, batch_size=4)
+    params = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[0])["params"]
+    stack_gb = 4 * params * 4 / 1e9                                               # full + 3 routes, fp32
+    capped = probe_gradfid(run_dir, bins=1, batches=6, batch_size=4, max_memory_gb=3.5 * stack_gb)
+    assert [r["groups"] for r in free] == [6] * 3 and [r["groups"] for r in capped] == [3] * 3
+    assert all(r["n_batches"] == 6 for r in capped)
+    assert capped[0]["cosine"] == pytest.approx(1.0)  # the identical route, whatever the grouping
+    assert [r["naive_cosine"] for r in capped] == pytest.approx([r["naive_cosine"] for r in free])
+    assert capped[1]["cosine"] != free[1]["cosine"]   # fewer, bigger groups: another estimate of the same cosine
+

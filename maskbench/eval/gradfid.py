@@ -8,8 +8,14 @@ expectations (`debiased_cosine`) with a jackknife interval. The weights are the 
 weights (not the EMA): the question is about the gradient of the model being trained.
 
 Every bin reuses the same n batches of training data, so the bins of a route differ only in t and
-noise. A bin keeps its n × (routes + 1) flattened gradients in memory (fp32, CPU) until its Gram
-matrices are formed: n · (routes + 1) · params · 4 bytes (~0.4 GB for the tiny model at n = 16).
+noise. A bin holds m group sums of (routes + 1) flattened fp32 gradients on the CPU until their Gram
+matrices are formed: m · (routes + 1) · params · 4 bytes. m = n (each batch its own group) when that
+fits under `max_memory_gb` (0.6 GB for the tiny model at n = 16); a larger model sums batch i into
+group i mod m instead, with m as large as fits and at least 3. A group sum is one bigger batch, so the
+estimator and its jackknife run unchanged on the m sums: memory no longer grows with n, at the price of
+fewer distinct pairs (the point estimate drops the within-group pairs, the interval has m − 1 degrees
+of freedom). The cosine does not depend on the groups' sizes: every pair product carries the same
+size weights in the numerator and denominator.
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ from maskbench.train.checkpoint import RunDir
 from maskbench.train.loop import step_generators
 from maskbench.train.objective import downscale, flow_loss
 
-CSV_FIELDS = ("route", "mask_ratio", "t_lo", "t_hi", "n_batches", "cosine", "ci_lo", "ci_hi", "naive_cosine")
+CSV_FIELDS = ("route", "mask_ratio", "t_lo", "t_hi", "n_batches", "groups", "cosine", "ci_lo", "ci_hi",
+              "naive_cosine")
 WEIGHTS_FILE = "model.safetensors"  # the raw model in an accelerate `save_state` folder
+GRAM_CHUNK = 1 << 18  # parameters per fp64 Gram update: bounds the fp64 copy at groups·(1+R)·2 MiB
 
 
 @dataclass(frozen=True)
@@ -122,8 +130,17 @@ def t_bins(n_bins: int) -> list[tuple[float, float]]:
     return [(float(lo), float(hi)) for lo, hi in itertools.pairwise(edges)]
 
 
+def group_count(batches: int, stack_bytes: int, max_memory_gb: float) -> int:
+    """How many group sums of (1+R)×P gradients (`stack_bytes` each) to hold: all batches if they fit, else >= 3."""
+    groups = min(batches, int(max_memory_gb * 1e9 // stack_bytes))
+    if groups < 3:
+        raise ConfigError(f"the probe holds at least 3 gradient stacks of {stack_bytes / 1e9:.2f} GB for this "
+                          f"model; raise --max-memory-gb to {3 * stack_bytes / 1e9:.1f} or more")
+    return groups
+
+
 def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_size: int = 32, seed: int = 0,
-                  device: torch.device | None = None) -> list[dict]:
+                  device: torch.device | None = None, max_memory_gb: float = 16.0) -> list[dict]:
     """Write RUN_DIR/probe/gradfid.csv and gradfid.png; return the rows (one per route × t bin)."""
     if bins < 1 or batches < 3 or batch_size < 1:
         raise ValueError(f"need bins >= 1, batches >= 3 (the jackknife drops one of >= 3) and batch size >= 1; "
@@ -134,16 +151,21 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
     data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
     model, ckpt = load_trained_model(run, cfg, data, device)
     routes = routes_for(data)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    groups = group_count(batches, (1 + len(routes)) * params * 4, max_memory_gb)
     data_batches = probe_batches(cfg, data, batches, batch_size, seed)
     rows = []
     with tqdm(total=bins * batches, desc=f"gradfid {run.root.name}", unit="batch", dynamic_ncols=True) as bar:
         for k, t_bin in enumerate(t_bins(bins)):
-            grads = []
+            sums = torch.zeros(groups, 1 + len(routes), params)                        # m×(1+R)×P
+            naive = []
             for i, batch in enumerate(data_batches):
                 generator = step_generators(seed, k, i, torch.device("cpu"))[0]  # bin k, batch i
-                grads.append(route_grads(model, batch, routes, t_bin, generator, cfg.train.mae_weight, device))
+                stack = route_grads(model, batch, routes, t_bin, generator, cfg.train.mae_weight, device)
+                naive.append(cosines_to_full(stack))
+                sums[i % groups] += stack
                 bar.update()
-            rows += bin_rows(grads, routes, t_bin)
+            rows += bin_rows(sums, np.mean(naive, axis=0), routes, t_bin, batches)
     out = run.root / "probe"
     out.mkdir(exist_ok=True)
     write_csv(out / "gradfid.csv", rows)
@@ -152,17 +174,34 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
     return rows
 
 
-def bin_rows(grads: list[torch.Tensor], routes: tuple[Route, ...], t_bin: tuple[float, float]) -> list[dict]:
-    """One row per route from a bin's n gradient stacks ((1+R)×P each), via fp64 Gram matrices."""
-    full = torch.stack([g[0] for g in grads]).double()                             # n×P
-    gram_full = (full @ full.T).numpy()                                            # n×n
+def gram(vectors: torch.Tensor) -> np.ndarray:
+    """V×V inner products of V fp32 vectors, accumulated in fp64 a chunk of coordinates at a time."""
+    out = torch.zeros(vectors.shape[0], vectors.shape[0], dtype=torch.float64)
+    for chunk in vectors.split(GRAM_CHUNK, dim=1):
+        chunk = chunk.double()                                                     # V×c
+        out += chunk @ chunk.T
+    return out.numpy()
+
+
+def cosines_to_full(stack: torch.Tensor) -> np.ndarray:
+    """R per-batch cosines between each route's gradient and the full one, from a (1+R)×P stack."""
+    g = gram(stack)                                                                # (1+R)×(1+R)
+    return g[0, 1:] / np.sqrt(g[0, 0] * np.diag(g)[1:])
+
+
+def bin_rows(sums: torch.Tensor, naive: np.ndarray, routes: tuple[Route, ...], t_bin: tuple[float, float],
+             n_batches: int) -> list[dict]:
+    """One row per route from a bin's m group sums (m×(1+R)×P), via one fp64 Gram matrix of all of them.
+
+    `naive` is each route's mean per-batch cosine, taken before the batches were summed into groups."""
+    m, stack = sums.shape[:2]
+    g = gram(sums.reshape(m * stack, -1)).reshape(m, stack, m, stack)              # group, route, group, route
     rows = []
     for r, route in enumerate(routes, start=1):
-        other = torch.stack([g[r] for g in grads]).double()                        # n×P
-        est = debiased_cosine(gram_full, (other @ other.T).numpy(), (full @ other.T).numpy())
+        est = debiased_cosine(g[:, 0, :, 0], g[:, r, :, r], g[:, 0, :, r])
         rows.append({"route": route.name, "mask_ratio": route.mask_ratio, "t_lo": t_bin[0], "t_hi": t_bin[1],
-                     "n_batches": est.n, "cosine": est.cosine, "ci_lo": est.ci_lo, "ci_hi": est.ci_hi,
-                     "naive_cosine": est.naive})
+                     "n_batches": n_batches, "groups": est.n, "cosine": est.cosine, "ci_lo": est.ci_lo,
+                     "ci_hi": est.ci_hi, "naive_cosine": float(naive[r - 1])})
     return rows
 
 
