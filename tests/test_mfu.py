@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -36,7 +38,7 @@ def test_precision_follows_autocast_then_tf32():
 
 def test_cpu_peak_is_measured_once_per_process(capsys):
     peak = measure_gemm_peak("cpu", "fp32", n=256, reps=3)
-    assert 1e8 < peak < 1e14                       # between 0.1 GFLOP/s and 100 TFLOP/s
+    assert math.isfinite(peak) and peak > 0         # its size is a benchmark figure (benchmarks/step_time.py)
     assert measure_gemm_peak("cpu", "fp32", n=256, reps=3) == peak  # cached, not re-measured
     figure, source = device_peak(torch.device("cpu"), "fp32")
     assert figure > 0 and source == "measured"
