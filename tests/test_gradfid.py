@@ -134,4 +134,3 @@ def test_a_memory_cap_sums_batches_into_groups(run_dir, monkeypatch):
     assert capped[0]["cosine"] == pytest.approx(1.0)  # the identical route, whatever the grouping
     assert [r["naive_cosine"] for r in capped] == pytest.approx([r["naive_cosine"] for r in free])
     assert capped[1]["cosine"] != free[1]["cosine"]   # fewer, bigger groups: another estimate of the same cosine
-
