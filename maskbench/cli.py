@@ -139,23 +139,36 @@ def cmd_eval_reference(argv: list[str]) -> int:
     from maskbench.eval.fid import MissingWeights
     from maskbench.eval.reference import build_reference
 
+    from maskbench.config import EvalConfig
+
     parser = argparse.ArgumentParser(prog="maskbench eval reference",
                                      description="Build FID reference statistics (Inception, clean-fid mode "
-                                                 "'clean') from held-out real images: a shard dir or a folder.")
-    parser.add_argument("src", type=Path, help="held-out images: a shard dir (with manifest.json) or a folder")
+                                                 "'clean'; optionally DINOv2) from held-out real images: a shard "
+                                                 "dir, a folder, or a latent held-out split (its pixel shards, at "
+                                                 "the resolution they were encoded at).")
+    parser.add_argument("src", type=Path, help="held-out images: a shard dir (with manifest.json), a folder, or "
+                                               "latent val shards from `maskbench data encode`")
     parser.add_argument("--inception-weights", required=True, metavar="PT",
                         help="local inception-2015-12-05.pt (clean-fid's TorchScript Inception)")
     parser.add_argument("--out", type=Path, help="npz to write (default: SRC/inception_stats.npz)")
     parser.add_argument("--size", type=int, help="resize images to SIZE×SIZE first (the training resolution)")
     parser.add_argument("--limit", type=int, help="use the first N images only")
+    parser.add_argument("--dinov2-weights", metavar="FILE", help="local timm DINOv2 weights: also write "
+                                                                    "dinov2_stats.npz beside --out (FD-DINOv2)")
+    parser.add_argument("--dinov2-model", default=EvalConfig.dinov2_model, help="timm architecture of those weights")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     args = parser.parse_args(argv)
+    out = args.out or args.src / "inception_stats.npz"
+    dinov2 = (args.dinov2_model, args.dinov2_weights) if args.dinov2_weights else None
     try:
-        stats = build_reference(args.src, args.out or args.src / "inception_stats.npz", args.inception_weights,
-                                args.size, args.limit, args.device)
+        found = build_reference(args.src, out, args.inception_weights, args.size, args.limit, args.device,
+                                dinov2=dinov2)
     except (ValueError, MissingWeights) as err:
         return fail(str(err))
-    print(f"reference statistics of {stats.n} images ({stats.features_name}) -> {args.out or args.src / 'inception_stats.npz'}")
+    for stats in found:
+        print(f"reference statistics of {stats.n} images at {stats.resolution or 'native'}px ({stats.features_name}) "
+              f"from {stats.source}")
+    print(f"written to {out.parent}")
     return 0
 
 

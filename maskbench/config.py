@@ -81,6 +81,9 @@ class EvalConfig:
     reference_stats: Optional[str] = None    # FID reference npz; default <data>/val/inception_stats.npz
     clip_model: Optional[str] = None         # e.g. ViT-H-14; None = no CLIP score
     clip_weights: Optional[str] = None       # open_clip tag (cached locally) or a local weights file
+    vae: Optional[str] = None                # latent data: VAE folder in place of the one the manifest records
+    dinov2_weights: Optional[str] = None     # local timm DINOv2 weights file: adds FD-DINOv2 (real data)
+    dinov2_model: str = "vit_large_patch14_dinov2.lvd142m"  # the timm architecture of those weights
 
 
 @dataclass
@@ -146,7 +149,8 @@ _HASHED_WHEN_SET = {
 _NOT_RESULT_FIELDS = {
     "paths", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
     "train.keep_checkpoints", "train.stop_at_step", "eval.batch_size", "arm.description",
-    "eval.inception_weights", "eval.clip_weights", "eval.reference_stats",
+    "eval.inception_weights", "eval.clip_weights", "eval.reference_stats", "eval.vae", "eval.dinov2_weights",
+    "eval.dinov2_model",
     "train.fused_optimizer", "train.attention", "train.pin_memory", "train.activation_checkpointing",
     "train.dist_timeout_minutes",
 }

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import open_clip
 import pytest
 import torch
-from diffusers import AutoencoderKL
 
 from maskbench.data.encode import EncodeOptions
 from maskbench.data.pack import PackOptions, pack
 from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.synth import write_synth
+from maskbench.eval import standins
 from tests.fixtures_real import make_brushdata
 
 torch.set_num_threads(1)
@@ -37,27 +35,13 @@ def tiny_overrides(tmp_path: Path, synth_root: Path, *extra: str) -> list[str]:
     ]
 
 
-TINY_CLIP = {
-    "embed_dim": 16,
-    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
-    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-}
-
-
 @pytest.fixture
 def opts(tmp_path: Path) -> EncodeOptions:
-    """A 2-level VAE (2× downsampling) and a tiny CLIP registered from a local config."""
+    """A random 2-level VAE (2× downsampling) and a random tiny open_clip text tower (`local-dir:` folder)."""
     torch.manual_seed(0)
-    vae = AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=32,
-        scaling_factor=0.5,
-    )
-    vae.save_pretrained(tmp_path / "vae")
-    (tmp_path / "clip").mkdir()
-    (tmp_path / "clip" / "tiny-test-clip.json").write_text(json.dumps(TINY_CLIP))
-    open_clip.add_model_config(tmp_path / "clip")
-    return EncodeOptions(vae=str(tmp_path / "vae"), text_model="tiny-test-clip", resolution=32, batch_size=2)
+    vae = standins.write_vae(tmp_path / "vae")
+    clip = standins.write_clip(tmp_path / "standin-clip")
+    return EncodeOptions(vae=str(vae), text_model=clip, resolution=32, batch_size=2)
 
 
 @pytest.fixture

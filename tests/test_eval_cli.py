@@ -8,6 +8,7 @@ import pytest
 
 from maskbench.cli import main
 from maskbench.config import load_config
+from maskbench.eval import standins
 from maskbench.results.leaderboard import read_rows
 from maskbench.train.loop import train
 from tests.conftest import tiny_overrides
@@ -34,16 +35,19 @@ def test_eval_of_a_missing_point_or_key_is_refused(tmp_path, synth_root, capsys)
 @pytest.mark.parametrize("case, expected", [
     ("too_many", "eval.n_samples=100 / eval.val_samples=16 exceed the 64 held-out prompts"),
     ("no_weights", "Inception weights not found at"),
-    ("no_stats", "no FID reference statistics at"),
+    ("bad_weights", "are not a TorchScript file"),
+    ("no_stats", "no reference statistics at"),
 ])
 def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, capsys, case, expected):
     weights = tmp_path / "inception.pt"
     weights.write_bytes(b"a TorchScript file would be here")
+    standin = standins.write_inception(tmp_path / "standin-inception.pt")
     extra = {
         "too_many": ["eval.n_samples=100"],
         # the synth shards under another name: real-data evaluation (Inception FID) applies
         "no_weights": ["data.name=photos", f"eval.inception_weights={tmp_path / 'missing.pt'}"],
-        "no_stats": ["data.name=photos", f"eval.inception_weights={weights}",
+        "bad_weights": ["data.name=photos", f"eval.inception_weights={weights}"],
+        "no_stats": ["data.name=photos", f"eval.inception_weights={standin}",
                      f"eval.reference_stats={tmp_path / 'stats.npz'}"],
     }[case]
     assert main(["run", *tiny_overrides(tmp_path, synth_root, *extra)]) == 2

@@ -178,3 +178,19 @@ def test_leaderboard_main_prints_plots_and_reports_bad_input(tmp_path, capsys):
     assert leaderboard_main([str(tmp_path / "missing.csv")], "table", None, "mask0", "skip") == 2
     assert leaderboard_main([str(board)], "html", None, "mask0", "skip") == 2
     assert "unknown format 'html'" in capsys.readouterr().err
+
+
+def test_a_csv_written_before_the_added_columns_reads_and_takes_new_rows(tmp_path):
+    old_columns = [c for c in COLUMNS if c not in leaderboard.ADDED_COLUMNS]
+    path = tmp_path / "old.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, old_columns)
+        writer.writeheader()
+        writer.writerow({c: measured(fid=9.5).get(c, "") for c in old_columns})
+    assert read_rows([path], on_error="abort")[0]["fd_dinov2"] is None
+    append_rows(path, [measured("r1", fid=8.0, fd_dinov2=120.5, fid_ref="32px-n6-abcd1234")])
+    with open(path, newline="") as f:
+        assert tuple(next(csv.reader(f))) == COLUMNS
+    rows = read_rows([path], on_error="abort")
+    assert [(r["run_id"], r["fid"], r["fd_dinov2"], r["fid_ref"]) for r in rows] == [
+        ("r0", 9.5, None, None), ("r1", 8.0, 120.5, "32px-n6-abcd1234")]

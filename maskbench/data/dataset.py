@@ -15,6 +15,24 @@ from maskbench.data.shards import decode_image_caption, decode_latent_text, read
 
 
 @dataclass(frozen=True)
+class VaeSpec:
+    """The VAE that encoded a latent dataset, as `maskbench data encode` recorded it in the manifest.
+
+    Encoding stored latent = (posterior mean − shift) · scale; decoding must undo exactly that, so the
+    factors travel with the data rather than with the evaluation config.
+    """
+    path: str              # a diffusers AutoencoderKL folder
+    scaling_factor: float
+    shift_factor: float
+    resolution: int        # pixel side of the encoded (and so of the decoded) images
+
+    @classmethod
+    def from_manifest(cls, latent: dict) -> VaeSpec:
+        return cls(str(latent["vae"]), float(latent["scaling_factor"]), float(latent.get("shift_factor") or 0.0),
+                   int(latent["resolution"]))
+
+
+@dataclass(frozen=True)
 class DatasetInfo:
     name: str
     train_dir: Path
@@ -25,6 +43,13 @@ class DatasetInfo:
     context_dim: int      # text embedding width (0 = the model's own synth text encoder)
     context_len: int
     mix: tuple[tuple[Path, float], ...] = ()  # data=mix: (train dir, weight) of every source
+    vae: VaeSpec | None = None                # latent data: the VAE its latents decode with
+    synthetic: bool = False                   # synth scenes in pixels: the shipped oracle scores them
+
+    @property
+    def pixel_size(self) -> int:
+        """Side of the images the image metrics see: the data's own, or the decoded latents'."""
+        return self.vae.resolution if self.vae else self.image_size
 
     @property
     def train_source(self) -> Path | list[tuple[Path, float]]:
@@ -54,7 +79,7 @@ def resolve_mix(cfg: DataConfig) -> DatasetInfo:
     if any(source.weight <= 0 for source in cfg.mix):
         raise ConfigError("data.mix weights must be positive")
     mix = tuple((info.train_dir, source.weight) for info, source in zip(infos, cfg.mix))
-    return replace(infos[0], name=cfg.name, mix=mix)
+    return replace(infos[0], name=cfg.name, mix=mix, synthetic=all(info.synthetic for info in infos))
 
 
 def resolve_dataset(cfg: DataConfig, data_root: str | Path, create: bool = True) -> DatasetInfo:
@@ -73,12 +98,15 @@ def resolve_dataset(cfg: DataConfig, data_root: str | Path, create: bool = True)
         root = Path(cfg.path)
     train_dir, val_dir = root / "train", root / "val"
     if cfg.path is None and not create:
-        return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0)
+        return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0, synthetic=True)
     for split in (train_dir, val_dir):
         if not (split / "manifest.json").is_file():
             raise ConfigError(f"no shards at {split} (expected manifest.json; build them with `maskbench data ...`)")
     latent = read_manifest(train_dir).get("latent")
     if latent is None:
-        return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0)
+        # The oracle knows synth scenes only: synth shards count as synth when used as such (or in a mix).
+        synthetic = cfg.name in ("synth", "mix") and read_manifest(val_dir)["source"] == "synth"
+        return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0,
+                           synthetic=synthetic)
     return DatasetInfo(cfg.name, train_dir, val_dir, int(latent["size"]), int(latent["channels"]), True,
-                       int(latent["text_dim"]), int(latent["text_len"]))
+                       int(latent["text_dim"]), int(latent["text_len"]), vae=VaeSpec.from_manifest(latent))

@@ -9,7 +9,8 @@ posterior mean, shifted and scaled by the VAE's own factors, so encoding is dete
 Output shards keep their input shard's name and are written with the same per-unit commit as
 packing, so encoding resumes where it stopped. Under `accelerate launch` every process encodes a
 disjoint slice of the shards; the main process then writes a manifest that describes the latent
-format (channels, latent size, text length and dimension, models, scaling) for the trainer.
+format (channels, latent size, text length and dimension, models, scaling, the pixel shards it came
+from) for the trainer and for the evaluator, which decodes samples with the same VAE.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class Encoders(torch.nn.Module):
     def describe(self, opts: EncodeOptions) -> dict[str, Any]:
         """The manifest's `latent` block: everything a trainer needs to read the shards (latents are square)."""
         return {
-            "vae": str(opts.vae), "scaling_factor": self.scaling_factor, "shift_factor": self.shift_factor,
+            "vae": str(Path(opts.vae).resolve()), "scaling_factor": self.scaling_factor, "shift_factor": self.shift_factor,
             "resolution": opts.resolution, "channels": self.latent_shape[0], "size": self.latent_shape[1],
             "text_model": opts.text_model, "text_weights": opts.text_weights, "text_len": self.text.length,
             "text_dim": self.text.dim, "dtype": np.dtype(LATENT_DTYPE).name,
@@ -192,7 +193,10 @@ def encode(in_dir: str | Path, out_dir: str | Path, opts: EncodeOptions, progres
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     encoders = Encoders(opts).to(accelerator.device)
     header = {"source": source["source"], "packer_version": source["packer_version"],
-              "filters": source["filters"], "latent": encoders.describe(opts)}
+              "filters": source["filters"],
+              # `pixels`: the canonical shards encoded here, where `maskbench eval reference` finds the real
+              # images behind a held-out split (FID is computed on decoded samples against those).
+              "latent": {**encoders.describe(opts), "pixels": str(in_dir.resolve())}}
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         claim_output(out_dir, header)
@@ -214,8 +218,9 @@ def add_encode_arguments(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("input", help="canonical shard folder (with manifest.json)")
     parser.add_argument("output", help="latent shard folder to write")
     parser.add_argument("--vae", required=True, help="local diffusers AutoencoderKL folder, e.g. a saved sd-vae-ft-ema")
-    parser.add_argument("--text-model", default="ViT-H-14", help="open_clip architecture of the text tower")
-    parser.add_argument("--text-weights", required=True, help="local open_clip weights file for --text-model")
+    parser.add_argument("--text-model", default="ViT-H-14",
+                        help="open_clip architecture of the text tower, or local-dir:DIR (config + weights)")
+    parser.add_argument("--text-weights", help="local open_clip weights file for --text-model (not for local-dir:)")
     parser.add_argument("--resolution", type=int, default=256, help="image side before encoding")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--no-progress", dest="progress", action="store_false")
@@ -225,6 +230,9 @@ def add_encode_arguments(subparsers: argparse._SubParsersAction) -> None:
 def encode_command(args: argparse.Namespace) -> int:
     """CLI handler: 0 on success, 2 with one line on bad input."""
     opts = EncodeOptions(args.vae, args.text_model, args.text_weights, args.resolution, args.batch_size)
+    if args.text_weights is None and not args.text_model.startswith("local-dir:"):
+        print(f"error: --text-weights FILE is needed for {args.text_model} (nothing is downloaded)", file=sys.stderr)
+        return 2
     try:
         manifest = encode(args.input, args.output, opts, progress=args.progress)
     except ValueError as err:

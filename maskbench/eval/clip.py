@@ -7,6 +7,8 @@ are reported side by side: `clip_cos`, the plain mean cosine (MLPerf), and `clip
 open_clip fetches a tag's weights from the Hugging Face hub (or a URL) when they are not cached, and
 without a network that means retries and a long hang. Here a tag is first resolved to a file already
 in the local cache; if there is none, `MissingWeights` says what to fetch and which option takes it.
+A model may also be an open_clip `local-dir:DIR` folder (`open_clip_config.json` + weights), which
+carries its own weights (`eval.clip_weights` is then ignored).
 """
 
 from __future__ import annotations
@@ -76,6 +78,20 @@ def resolve_pretrained(model_name: str, pretrained: str, cache_dir: str | None =
     return cached, tag_cfg
 
 
+LOCAL_DIR = "local-dir:"
+
+
+def check_clip(model_name: str, pretrained: str | None) -> None:
+    """Raise MissingWeights / ValueError (one line) unless the configured CLIP can load offline."""
+    if model_name.startswith(LOCAL_DIR):
+        folder = model_name.removeprefix(LOCAL_DIR)
+        if not os.path.isfile(os.path.join(folder, "open_clip_config.json")):
+            raise MissingWeights(f"no open_clip model folder at {folder} (open_clip_config.json + weights) for "
+                                 "eval.clip_model=local-dir:DIR")
+    elif pretrained:
+        resolve_pretrained(model_name, pretrained)
+
+
 def paired_cosines(image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
     """Cosine of each image with its own caption: N×D, N×D -> N."""
     return (F.normalize(image_features, dim=-1) * F.normalize(text_features, dim=-1)).sum(-1)
@@ -103,9 +119,12 @@ class ClipScorer:
         batch_size: int = 32,
         cache_dir: str | None = None,
     ):
+        local = model_name.startswith(LOCAL_DIR)  # the folder holds the weights
+        pretrained = None if local else pretrained
         weights, tag_cfg = resolve_pretrained(model_name, pretrained, cache_dir) if pretrained else (None, {})
-        self.is_random = pretrained is None
-        self.model_label = f"{model_name}/{pretrained or 'random-init'}"  # the leaderboard's clip_model
+        self.is_random = pretrained is None and not local
+        # the leaderboard's clip_model
+        self.model_label = model_name if local else f"{model_name}/{pretrained or 'random-init'}"
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(

@@ -23,8 +23,11 @@ from maskbench.config import EvalConfig
 from maskbench.data.dataset import DatasetInfo
 from maskbench.data.shards import BadSample, read_manifest, shard_urls
 from maskbench.data.synth import scene_from_json
-from maskbench.eval.clip import ClipScorer, clip_metrics, resolve_pretrained
-from maskbench.eval.fid import FeatureStats, InceptionFeatures, gather_features, load_stats, reference_stats
+from maskbench.config import ConfigError
+from maskbench.eval.clip import ClipScorer, check_clip, clip_metrics
+from maskbench.eval.decode import LatentDecoder, resolve_vae
+from maskbench.eval.fid import (DinoV2Features, FeatureStats, InceptionFeatures, gather_features, load_stats,
+                                reference_stats)
 from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
 from maskbench.models.build import batch_context
@@ -84,16 +87,23 @@ def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], n
 
 
 @torch.no_grad()
-def generate(model: nn.Module, evalset: EvalSet, indices: range, cfg: EvalConfig, device: torch.device) -> torch.Tensor:
-    """Samples for the held-out prompts at `indices`, uint8 N×H×W×C, from the fixed per-prompt noise."""
-    shape = tuple(evalset.images.shape[1:])
-    out = [torch.zeros((0, shape[1], shape[2], shape[0]), dtype=torch.uint8)]
+def generate(model: nn.Module, evalset: EvalSet, indices: range, cfg: EvalConfig, device: torch.device,
+             decoder: LatentDecoder | None = None) -> torch.Tensor:
+    """Samples for the held-out prompts at `indices`, uint8 N×H×W×3, from the fixed per-prompt noise.
+
+    On latent data each batch of sampled latents is decoded right away (by the rank that sampled it),
+    so from here on latent and pixel samples are the same thing: images.
+    """
+    shape = tuple(evalset.images.shape[1:])                                         # C×H×W (or C×h×w)
+    side = decoder.resolution if decoder else shape[-1]
+    out = [torch.zeros((0, side, side, 3), dtype=torch.uint8)]
     for start in range(indices.start, indices.stop, cfg.batch_size):
         stop = min(start + cfg.batch_size, indices.stop)
         noise = fixed_noise(range(start, stop), shape, cfg.noise_seed).to(device)   # B×C×H×W
         context, mask = batch_context(model, evalset.batch(start, stop), device)
-        out.append(to_uint8(euler_sample(model, noise, context, mask, cfg.sampler_steps, cfg.cfg_scale)))
-    return torch.cat(out)                                                           # N×H×W×C
+        x = euler_sample(model, noise, context, mask, cfg.sampler_steps, cfg.cfg_scale)
+        out.append(to_uint8(decoder(x) if decoder else x))                          # B×H×W×3
+    return torch.cat(out)                                                           # N×H×W×3
 
 
 def rank_share(n: int, rank: int, world: int) -> range:
@@ -124,22 +134,28 @@ class Evaluator:
     On synth the Fréchet distance uses the oracle's features (`fid_features=oracle-synth-v1`) against
     statistics of the whole held-out split, and alignment is the oracle's exact-scene accuracy. On
     real data, FID uses clean-fid's Inception (`eval.inception_weights`) against `maskbench eval
-    reference` statistics, and CLIP scores come from open_clip when `eval.clip_model` is set.
+    reference` statistics, optionally FD-DINOv2 (`eval.dinov2_weights`), and CLIP scores come from
+    open_clip when `eval.clip_model` is set. Latent samples are decoded with the data's VAE first.
     """
 
     def __init__(self, data: DatasetInfo, cfg: EvalConfig, device: torch.device, scores: bool = True):
-        """scores=False (ranks other than the main one) loads only what sampling needs."""
+        """scores=False (ranks other than the main one) loads only what sampling and decoding need."""
         self.data, self.cfg, self.device = data, cfg, device
         self.evalset = load_eval_set(data, max(cfg.n_samples, cfg.val_samples))
+        self.decoder = LatentDecoder(resolve_vae(data.vae, cfg.vae), device) if data.latent else None
         self.extractor, self.reference, self.oracle, self.clip = None, None, None, None
-        if data.latent or not scores:
-            return  # latent samples need a VAE decoder for image metrics (not wired yet)
-        if data.name == "synth":
+        self.dinov2, self.dinov2_reference = None, None
+        if not scores:
+            return
+        if data.synthetic:
             self.oracle = self.extractor = load_oracle(device=device)
             self.reference = synth_reference_stats(data, self.oracle)
-        elif cfg.inception_weights:
+        else:
             self.extractor = InceptionFeatures(cfg.inception_weights, device)
             self.reference = load_stats(reference_stats_path(data, cfg))
+            if cfg.dinov2_weights:
+                self.dinov2 = DinoV2Features(cfg.dinov2_model, cfg.dinov2_weights, device)
+                self.dinov2_reference = load_stats(dinov2_stats_path(data, cfg))
         if cfg.clip_model:
             self.clip = ClipScorer(cfg.clip_model, cfg.clip_weights, device)
 
@@ -154,18 +170,15 @@ class Evaluator:
         rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
         was_training = model.training
         model.eval()
-        images = None
-        if not self.data.latent:
-            images = generate(model, evalset, rank_share(cfg.n_samples, rank, world), cfg, self.device)
-            if world > 1:
-                images = torch.from_numpy(gather_features(images, accelerator))     # N×H×W×C, prompt order
+        images = generate(model, evalset, rank_share(cfg.n_samples, rank, world), cfg, self.device, self.decoder)
+        if world > 1:
+            images = torch.from_numpy(gather_features(images, accelerator))         # N×H×W×3, prompt order
         result = None
         if rank == 0:
             val_loss, per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device)
             result = {"val_loss": val_loss, "val_loss_per_t": per_t}
-            if images is not None:
-                result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
-                result.update(self.image_metrics(images))
+            result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
+            result.update(self.image_metrics(images))
         model.train(was_training)
         return result
 
@@ -175,7 +188,12 @@ class Evaluator:
         out = {}
         if self.extractor is not None:
             generated = FeatureStats.from_features(self.extractor(images), self.extractor.name)
-            out.update(fid=self.reference.frechet_distance(generated), fid_features=self.extractor.name, fid_n=n)
+            out.update(fid=self.reference.frechet_distance(generated), fid_features=self.extractor.name, fid_n=n,
+                       fid_ref=self.reference.label)
+        if self.dinov2 is not None:
+            generated = FeatureStats.from_features(self.dinov2(images), self.dinov2.name)
+            out.update(fd_dinov2=self.dinov2_reference.frechet_distance(generated),
+                       fd_dinov2_features=self.dinov2.name)
         if self.oracle is not None:
             scenes = [scene_from_json(meta) for meta in self.evalset.meta[:n]]
             out["align_acc"] = self.oracle.alignment(images, scenes)
@@ -189,7 +207,14 @@ class Evaluator:
 
 
 def reference_stats_path(data: DatasetInfo, cfg: EvalConfig) -> Path:
+    """Inception statistics of the held-out real images: `eval.reference_stats`, or beside the val shards
+    (where `maskbench eval reference VAL_DIR` writes them, for pixel and latent shards alike)."""
     return Path(cfg.reference_stats) if cfg.reference_stats else data.val_dir / "inception_stats.npz"
+
+
+def dinov2_stats_path(data: DatasetInfo, cfg: EvalConfig) -> Path:
+    """DINOv2 statistics live beside the Inception ones, built by the same `maskbench eval reference`."""
+    return reference_stats_path(data, cfg).with_name("dinov2_stats.npz")
 
 
 def synth_reference_stats(data: DatasetInfo, oracle: Oracle) -> FeatureStats:
@@ -202,15 +227,38 @@ def synth_reference_stats(data: DatasetInfo, oracle: Oracle) -> FeatureStats:
 
 
 def check_eval_inputs(data: DatasetInfo, cfg: EvalConfig) -> None:
-    """Refuse, before any training, what would make evaluation fail later (one line each)."""
+    """Refuse, before any training, what would make evaluation fail later (one line each).
+
+    Real data (pixel or latent shards) must be able to compute its image metrics: a run is never
+    silently reduced to the validation loss. So the VAE (latent data), the Inception weights and the
+    reference statistics at the resolution the samples will have must all be there.
+    """
     n_val = read_manifest(data.val_dir)["total"]
     if cfg.n_samples > n_val or cfg.val_samples > n_val:
-        raise ValueError(f"eval.n_samples={cfg.n_samples} / eval.val_samples={cfg.val_samples} exceed the "
-                         f"{n_val} held-out prompts in {data.val_dir}")
-    if data.name != "synth" and not data.latent and cfg.inception_weights:
-        InceptionFeatures.check_weights(cfg.inception_weights)
-        if not reference_stats_path(data, cfg).is_file():
-            raise ValueError(f"no FID reference statistics at {reference_stats_path(data, cfg)}: build them with "
-                             "`maskbench eval reference` or pass eval.reference_stats=PATH")
-    if cfg.clip_model and cfg.clip_weights:
-        resolve_pretrained(cfg.clip_model, cfg.clip_weights)
+        raise ConfigError(f"eval.n_samples={cfg.n_samples} / eval.val_samples={cfg.val_samples} exceed the "
+                          f"{n_val} held-out prompts in {data.val_dir}")
+    if data.latent:
+        resolve_vae(data.vae, cfg.vae)
+    if not data.synthetic:
+        features = InceptionFeatures.features_name_of(cfg.inception_weights)
+        _check_reference(reference_stats_path(data, cfg), features, data, "eval.reference_stats=PATH")
+    if not data.synthetic and cfg.dinov2_weights:
+        DinoV2Features.check_weights(cfg.dinov2_weights, cfg.dinov2_model)
+        _check_reference(dinov2_stats_path(data, cfg), cfg.dinov2_model, data,
+                         "--dinov2-weights to `maskbench eval reference`")
+    if cfg.clip_model:
+        check_clip(cfg.clip_model, cfg.clip_weights)
+
+
+def _check_reference(path: Path, features: str, data: DatasetInfo, how: str) -> None:
+    """Reference statistics exist, in the feature space the run will use, of images at the samples' size."""
+    if not path.is_file():
+        raise ConfigError(f"no reference statistics at {path}: build them with `maskbench eval reference "
+                          f"{data.val_dir} --inception-weights PT` (or pass {how})")
+    stats = load_stats(path)
+    if stats.features_name != features:
+        raise ConfigError(f"reference statistics at {path} are {stats.features_name!r} features; this run "
+                          f"computes {features!r}: rebuild them with the same weights")
+    if stats.resolution and stats.resolution != data.pixel_size:
+        raise ConfigError(f"reference statistics at {path} are of {stats.resolution}px images; the samples will "
+                          f"be {data.pixel_size}px: rebuild them with --size {data.pixel_size}")

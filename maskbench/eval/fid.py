@@ -8,7 +8,9 @@ statistics (`features_name`), so Inception FID and the synth oracle's FD are nev
 
 from __future__ import annotations
 
+import hashlib
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 INCEPTION_FEATURES_NAME = "inception-2015-12-05-clean"
+STANDIN_FEATURES_NAME = "standin-random-inception"  # a random network shaped like Inception: not FID
+STANDIN_MARKER = "maskbench_standin"  # attribute a stand-in TorchScript file carries (maskbench.eval.standins)
 INCEPTION_DIM = 2048
 
 
@@ -80,6 +84,14 @@ class FeatureStats:
     sigma: np.ndarray  # F×F
     n: int
     features_name: str
+    source: str = ""     # reference statistics: the images they were built from
+    resolution: int = 0  # reference statistics: the side the images were resized to (0: unknown)
+
+    @property
+    def label(self) -> str:
+        """What the leaderboard's `fid_ref` records: resolution, count and a digest of (mu, sigma)."""
+        digest = hashlib.sha256(self.mu.astype(np.float64).tobytes() + self.sigma.astype(np.float64).tobytes())
+        return f"{self.resolution or '?'}px-n{self.n}-{digest.hexdigest()[:8]}"
 
     @classmethod
     def from_features(cls, features: np.ndarray, features_name: str) -> FeatureStats:
@@ -98,23 +110,39 @@ def save_stats(path: str | os.PathLike, stats: FeatureStats) -> None:
     """Write the stats as a plain npz (no pickles), e.g. beside the dataset's shards."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
-        np.savez(f, mu=stats.mu, sigma=stats.sigma, n=stats.n, features_name=stats.features_name)
+        np.savez(f, mu=stats.mu, sigma=stats.sigma, n=stats.n, features_name=stats.features_name,
+                 source=stats.source, resolution=stats.resolution)
 
 
 def load_stats(path: str | os.PathLike) -> FeatureStats:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no reference statistics at {path}: build them with `maskbench eval reference`")
     with np.load(path, allow_pickle=False) as data:
-        return FeatureStats(data["mu"], data["sigma"], int(data["n"]), str(data["features_name"]))
+        extras = {key: data[key].item() for key in ("source", "resolution") if key in data}  # older files lack them
+        return FeatureStats(data["mu"], data["sigma"], int(data["n"]), str(data["features_name"]), **extras)
 
 
 def reference_stats(
     image_batches: Iterable[np.ndarray | torch.Tensor], extractor: FeatureExtractor, out_path: str | os.PathLike
 ) -> FeatureStats:
     """Statistics of held-out real images, built once and saved to `out_path`."""
-    features = np.concatenate([extractor(batch) for batch in image_batches])  # N×F
-    stats = FeatureStats.from_features(features, extractor.name)
-    save_stats(out_path, stats)
+    return reference_stats_many(image_batches, {out_path: extractor})[0]
+
+
+def reference_stats_many(image_batches: Iterable[np.ndarray | torch.Tensor],
+                         extractors: dict[str | os.PathLike, FeatureExtractor], source: str = "",
+                         resolution: int = 0) -> list[FeatureStats]:
+    """Statistics in several feature spaces from one pass over the images, each saved to its path."""
+    features: dict = {path: [] for path in extractors}
+    for batch in image_batches:
+        for path, extractor in extractors.items():
+            features[path].append(extractor(batch))                                      # B×F
+    stats = []
+    for path, extractor in extractors.items():
+        found = FeatureStats.from_features(np.concatenate(features[path]), extractor.name)
+        found = FeatureStats(found.mu, found.sigma, found.n, found.features_name, source, resolution)
+        save_stats(path, found)
+        stats.append(found)
     return stats
 
 
@@ -145,17 +173,29 @@ class InceptionFeatures:
     """clean-fid's features in mode "clean": 2048-d pool3 of the TorchScript Inception of StyleGAN2-ADA.
 
     clean-fid would download the weights to a fixed /tmp path; here they are loaded from a path the
-    user gives (`eval.inception_weights=PATH`), and never fetched.
+    user gives (`eval.inception_weights=PATH`), and never fetched. A stand-in file made by
+    `maskbench.eval.standins` (a small random network with the same interface, for machines without
+    the weights) is recognised by its marker and named `standin-random-inception`, never Inception.
     """
-
-    name = INCEPTION_FEATURES_NAME
 
     def __init__(self, weights_path: str | None, device: str | torch.device = "cpu", batch_size: int = 64):
         self.check_weights(weights_path)
         self.device = torch.device(device)
         self.batch_size = batch_size
-        self.model = torch.jit.load(weights_path, map_location=self.device).eval()
+        with warnings.catch_warnings():  # TorchScript is deprecated; clean-fid's Inception is a TorchScript file
+            warnings.simplefilter("ignore", FutureWarning)
+            try:
+                self.model = torch.jit.load(weights_path, map_location=self.device).eval()
+            except RuntimeError as err:
+                raise MissingWeights(f"Inception weights at {weights_path} are not a TorchScript file "
+                                     f"({str(err).splitlines()[0][:80]}): download {inception_url}") from None
+        self.name = STANDIN_FEATURES_NAME if hasattr(self.model, STANDIN_MARKER) else INCEPTION_FEATURES_NAME
         self.resize = build_resizer("clean")  # PIL bicubic to 299×299 on each float channel, no re-quantising
+
+    @classmethod
+    def features_name_of(cls, weights_path: str | None) -> str:
+        """The feature-space name a weights file gives, read on the CPU (to check reference statistics)."""
+        return cls(weights_path, "cpu").name
 
     @staticmethod
     def check_weights(weights_path: str | None) -> None:
@@ -179,3 +219,43 @@ class InceptionFeatures:
         x = torch.from_numpy(resized).permute(0, 3, 1, 2).to(self.device)  # B×3×299×299
         x = (x - 128.0) / 128.0  # B×3×299×299 in [-1, 1]
         return self.model.layers.forward(x).view(len(images), INCEPTION_DIM).cpu().numpy()  # B×2048
+
+
+class DinoV2Features:
+    """CLS-token features of a timm DINOv2 ViT (FD-DINOv2, as SPRINT and dgm-eval report), offline.
+
+    The weights come from a local file (`eval.dinov2_weights`; timm's own pretrained loader, with the
+    positional embedding resampled to the 224 px input dgm-eval uses); images are resized bicubically
+    to 224 and normalised with the model's own mean and std.
+    """
+
+    size = 224
+
+    def __init__(self, model_name: str, weights_path: str | None, device: str | torch.device = "cpu",
+                 batch_size: int = 64):
+        import timm
+
+        self.check_weights(weights_path, model_name)
+        self.device, self.batch_size = torch.device(device), batch_size
+        self.model = timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay={"file": weights_path},
+                                       num_classes=0, img_size=self.size).to(self.device).eval()
+        config = self.model.pretrained_cfg
+        self.mean = torch.tensor(config["mean"], device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(config["std"], device=self.device).view(1, 3, 1, 1)
+        self.name = model_name  # fd_dinov2_features: the timm name, e.g. vit_large_patch14_dinov2.lvd142m
+
+    @staticmethod
+    def check_weights(weights_path: str | None, model_name: str) -> None:
+        if weights_path is None or not os.path.isfile(weights_path):
+            raise MissingWeights(f"DINOv2 weights not found at {weights_path}: fetch timm's {model_name} weights "
+                                 "(a .safetensors or .pth file) and pass eval.dinov2_weights=PATH")
+
+    @torch.no_grad()
+    def __call__(self, images: np.ndarray | torch.Tensor) -> np.ndarray:
+        images = torch.from_numpy(as_uint8_images(images))
+        out = []
+        for chunk in images.split(self.batch_size):
+            x = chunk.to(self.device).permute(0, 3, 1, 2).float() / 255.0                     # b×3×H×W in [0, 1]
+            x = torch.nn.functional.interpolate(x, size=(self.size, self.size), mode="bicubic", antialias=True)
+            out.append(self.model((x - self.mean) / self.std).float().cpu().numpy())          # b×D
+        return np.concatenate(out)                                                           # N×D

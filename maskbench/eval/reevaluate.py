@@ -31,9 +31,10 @@ def load_point(run: RunDir, point: float, model: torch.nn.Module) -> TrainState:
     if not ckpt.is_dir():
         have = ", ".join(f"{p:g}" for p in available_points(run)) or "none"
         raise ConfigError(f"{run.root} has no checkpoint for point {point:g} (have: {have})")
-    model.load_state_dict(torch.load(ckpt / EMA_FILE, weights_only=True)["model"])
+    # map_location: a checkpoint written on a GPU loads anywhere; load_state_dict copies onto the model's device.
+    model.load_state_dict(torch.load(ckpt / EMA_FILE, weights_only=True, map_location="cpu")["model"])
     state = TrainState()
-    state.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=True))
+    state.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=True, map_location="cpu"))
     return state
 
 

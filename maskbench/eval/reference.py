@@ -1,7 +1,12 @@
-"""`maskbench eval reference`: Inception statistics of held-out real images, built once per dataset.
+"""`maskbench eval reference`: Inception (and DINOv2) statistics of held-out real images, once per dataset.
 
 The statistics are an npz of (mu, sigma) kept beside the data (default `<val shards>/inception_stats.npz`,
-where `maskbench run` looks for them), never inside clean-fid's site-packages folder.
+where `maskbench run` looks for them), never inside clean-fid's site-packages folder. Each records the
+images it was built from and their size, which a run checks against the size its samples will have.
+
+Given a latent held-out split, the images are the pixel shards that split was encoded from (the latent
+manifest records them), resized and centre-cropped exactly as `maskbench data encode` did: FID then
+compares decoded samples with the very images the VAE saw, at the decoded resolution.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import webdataset as wds
-from PIL import Image
+from PIL import Image, ImageOps
 from tqdm import tqdm
 
+from maskbench.config import ConfigError
 from maskbench.data.shards import BadSample, decode_image, read_manifest, shard_urls
-from maskbench.eval.fid import FeatureStats, InceptionFeatures, reference_stats
+from maskbench.eval.fid import DinoV2Features, FeatureExtractor, FeatureStats, InceptionFeatures, reference_stats_many
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 
@@ -45,7 +51,7 @@ def image_batches(src: Path, size: int | None, batch: int, limit: int | None) ->
             break
         image = image.convert("RGB")
         if size is not None and image.size != (size, size):
-            image = image.resize((size, size), Image.Resampling.BICUBIC)
+            image = ImageOps.fit(image, (size, size), Image.Resampling.BICUBIC)  # as `maskbench data encode`
         buffer.append(np.asarray(image))
         if len(buffer) == batch:
             yield np.stack(buffer)
@@ -54,11 +60,31 @@ def image_batches(src: Path, size: int | None, batch: int, limit: int | None) ->
         yield np.stack(buffer)
 
 
+def pixel_source(src: Path, size: int | None) -> tuple[Path, int | None]:
+    """(image folder or pixel shards, size): a latent split stands for the pixel shards it was encoded from."""
+    latent = read_manifest(src).get("latent") if (src / "manifest.json").is_file() else None
+    if latent is None:
+        return src, size
+    if "pixels" not in latent:
+        raise ConfigError(f"{src} is a latent split whose manifest does not record its pixel shards (encoded by an "
+                          "older maskbench): pass those shards as SRC with --size and --out")
+    if size is not None and size != latent["resolution"]:
+        raise ConfigError(f"{src} decodes to {latent['resolution']}px images; --size {size} would not match them")
+    return Path(latent["pixels"]), int(latent["resolution"])
+
+
 def build_reference(src: str | Path, out: str | Path, weights: str | None, size: int | None = None,
-                    limit: int | None = None, device: str = "cpu", batch: int = 64) -> FeatureStats:
-    """Inception (clean-fid 'clean') statistics of the images under src, saved to out."""
+                    limit: int | None = None, device: str = "cpu", batch: int = 64,
+                    dinov2: tuple[str, str] | None = None) -> list[FeatureStats]:
+    """Inception (clean-fid 'clean') statistics of the images under src, saved to out; with
+    dinov2=(model, weights) also DINOv2 statistics, saved beside it as dinov2_stats.npz."""
     src = Path(src)
     if not src.exists():
-        raise ValueError(f"no such image folder or shard dir: {src}")
-    extractor = InceptionFeatures(weights, device, batch_size=batch)
-    return reference_stats(image_batches(src, size, batch, limit), extractor, out)
+        raise ConfigError(f"no such image folder or shard dir: {src}")
+    images, size = pixel_source(src, size)
+    if not images.exists():
+        raise ConfigError(f"the pixel shards {images} recorded for {src} are not there")
+    extractors: dict[Path, FeatureExtractor] = {Path(out): InceptionFeatures(weights, device, batch_size=batch)}
+    if dinov2:
+        extractors[Path(out).with_name("dinov2_stats.npz")] = DinoV2Features(*dinov2, device, batch_size=batch)
+    return reference_stats_many(image_batches(images, size, batch, limit), extractors, str(images), size or 0)

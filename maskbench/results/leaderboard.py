@@ -27,15 +27,18 @@ COLUMNS: tuple[str, ...] = (
     "budget_flops", "point", "step", "samples_seen", "train_flops", "gpu_hours", "device",
     "n_devices", "mfu", "val_loss", "fid", "fid_features", "fid_n", "clip_score", "clip_cos",
     "clip_model", "align_acc", "sampler_steps", "cfg_scale", "maskbench_version", "git_sha",
-    "config_hash", "created_at", "source",
+    "config_hash", "created_at", "source", "fid_ref", "fd_dinov2", "fd_dinov2_features",
 )
+# Columns added after CSVs were first written: a file without them reads as if they were empty, and
+# appending to it first rewrites its header (and pads its rows), under the same lock.
+ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features")
 INT_COLUMNS = frozenset({
     "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
     "sampler_steps",
 })
 FLOAT_COLUMNS = frozenset({
     "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "val_loss", "fid", "clip_score",
-    "clip_cos", "align_acc", "cfg_scale",
+    "clip_cos", "align_acc", "cfg_scale", "fd_dinov2",
 })
 # A measured row must say what it measured to be grouped; a reference row (non-empty `source`)
 # only has to say where its numbers come from, and is empty wherever that source gives nothing.
@@ -70,7 +73,7 @@ def parse_value(column: str, text: str) -> Value:
 
 def parse_row(cells: Mapping[str, str]) -> Row:
     """Type every column of one row (cells keyed by column name) and check the required ones."""
-    row = {column: parse_value(column, cells[column]) for column in COLUMNS}
+    row = {column: parse_value(column, cells.get(column, "")) for column in COLUMNS}
     required = REQUIRED_REFERENCE if row["source"] else REQUIRED_MEASURED
     missing = [column for column in required if row[column] is None]
     if missing:
@@ -107,11 +110,25 @@ def append_rows(csv_path: str | os.PathLike, rows: Sequence[Mapping[str, Value]]
         if not header:
             writer.writerow(COLUMNS)
         elif tuple(header) != COLUMNS:
-            raise ValueError(f"{path} has a different header than this maskbench's schema; "
-                             "write to a new CSV")
+            if tuple(header) != COLUMNS[:len(header)] or set(COLUMNS[len(header):]) - set(ADDED_COLUMNS):
+                raise ValueError(f"{path} has a different header than this maskbench's schema; "
+                                 "write to a new CSV")
+            _upgrade_header(f, len(header))
+            writer = csv.writer(f)
         writer.writerows(lines)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _upgrade_header(f, n_old: int) -> None:
+    """Rewrite an open CSV written before ADDED_COLUMNS existed: the full header, every row padded."""
+    f.seek(0)
+    old = list(csv.reader(f))
+    f.seek(0)
+    f.truncate()
+    writer = csv.writer(f)
+    writer.writerow(COLUMNS)
+    writer.writerows(cells + [""] * (len(COLUMNS) - n_old) if cells else cells for cells in old[1:])
 
 
 def read_rows(paths: Iterable[str | os.PathLike], on_error: str = "skip") -> list[Row]:
@@ -156,7 +173,7 @@ def _read_file(path: Path, on_error: str) -> list[Row]:
 def _header_problem(header: list[str]) -> str | None:
     """Why a header is not the schema (any order is fine), or None."""
     unknown = sorted(set(header) - set(COLUMNS))
-    missing = [column for column in COLUMNS if column not in header]
+    missing = [column for column in COLUMNS if column not in header and column not in ADDED_COLUMNS]
     if unknown or missing:
         return (f"header does not match the schema (unknown: {unknown or 'none'}; "
                 f"missing: {missing or 'none'})")

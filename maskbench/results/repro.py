@@ -44,7 +44,7 @@ from maskbench.train.loop import make_accelerator, train
 
 GPU_TOLERANCE = 1e-3     # relative, on losses and weights, when reruns happen on a GPU
 METRIC_TOLERANCE = 1e-6  # relative, image metrics recomputed from the very same PNGs
-METRICS = ("val_loss", "fid", "align_acc", "clip_score", "clip_cos")
+METRICS = ("val_loss", "fid", "fd_dinov2", "align_acc", "clip_score", "clip_cos")
 # Fields of env.json whose change makes a rerun differ in its bits; the others are only reported.
 BLOCKING_ENV = ("torch", "numpy", "device", "n_devices", "git_sha")
 
@@ -215,13 +215,10 @@ def recompute_point(run: RunDir, point: float, evaluator: Evaluator, model: torc
     cfg = evaluator.cfg
     val_loss, _ = validation_loss(model, evaluator.evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size,
                                   evaluator.device)
-    metrics = {"val_loss": val_loss}
-    if not evaluator.data.latent:  # latent runs save no images
-        sample_dir = run.samples / f"point-{point:g}"
-        if not any(sample_dir.glob("[0-9]*.png")):
-            raise FileNotFoundError(f"no sample PNGs in {sample_dir}")
-        metrics.update(evaluator.image_metrics(load_samples(sample_dir)))
-    return metrics
+    sample_dir = run.samples / f"point-{point:g}"  # decoded images, on latent data
+    if not any(sample_dir.glob("[0-9]*.png")):
+        raise FileNotFoundError(f"no sample PNGs in {sample_dir}")
+    return {"val_loss": val_loss, **evaluator.image_metrics(load_samples(sample_dir))}
 
 
 def metric_mismatches(fresh: dict, recorded: dict, tolerance: float) -> list[str]:

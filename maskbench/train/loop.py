@@ -209,7 +209,8 @@ class Trainer:
     def setup(self) -> None:
         cfg, acc = self.cfg, self.accelerator
         torch.manual_seed(cfg.seed)  # initial weights: a function of the run seed alone
-        model = build_model(cfg.model, self.data)
+        # On the accelerator's device before the EMA copies it: the EMA must live where the model trains.
+        model = build_model(cfg.model, self.data).to(acc.device)
         for module in model.modules():
             if isinstance(module, Attention):
                 module.fused_attn = True  # SDPA even where timm's settings would pick its unfused path
@@ -425,6 +426,8 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
         "n_devices": n_devices, "mfu": mfu, "val_loss": result["val_loss"],
         "fid": result.get("fid"), "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"),
+        "fid_ref": result.get("fid_ref"), "fd_dinov2": result.get("fd_dinov2"),
+        "fd_dinov2_features": result.get("fd_dinov2_features"),
         "clip_score": result.get("clip_score"), "clip_cos": result.get("clip_cos"),
         "clip_model": result.get("clip_model"), "align_acc": result.get("align_acc"),
         "sampler_steps": cfg.eval.sampler_steps, "cfg_scale": cfg.eval.cfg_scale,
