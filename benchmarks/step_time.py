@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
-from maskbench.models.dit import PRESETS, DiT, ModelConfig
+from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.presets import PRESETS
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder

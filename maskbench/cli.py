@@ -1,6 +1,10 @@
 """The `maskbench` command line: one console script, one subcommand per job.
 
-Bad input is reported as one line on stderr with exit code 2, before any work starts.
+Bad input is reported as one line on stderr with exit code 2, before any work starts. Every command
+is registered the same way, as an entry of COMMANDS: its one-line help and a function that adds its
+arguments and handler. Only the chosen command's function runs, and heavy modules (torch, timm) are
+imported inside handlers and those functions, so `--help`, `arms`, `leaderboard` and `sweep --emit`
+answer without loading torch.
 """
 
 from __future__ import annotations
@@ -9,11 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from maskbench.config import ConfigError, arm_settings, format_arm, known_arms, load_config
-from maskbench.data.encode import add_encode_arguments
-from maskbench.data.pack import add_pack_arguments
-from maskbench.data.verify import add_verify_arguments
-from maskbench.results.repro import add_repro_arguments
+from maskbench.config import ConfigError, arm_settings, format_arm, known_arms, load_config, shipped_arm
 
 EXAMPLES = """examples:
   maskbench run arm=mask75_then0                 train one arm on the embedded default
@@ -81,7 +81,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_arms(args: argparse.Namespace) -> int:
     for name in known_arms():
-        arm = load_config([f"arm={name}"]).arm
+        arm = shipped_arm(name)
         print(f"{name:18s} {format_arm(arm):20s} {arm.description}")
         if settings := arm_settings(name):
             print(f"{'':18s} {'':20s} sets {' '.join(settings)}")
@@ -105,9 +105,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.target == "reference":
         return cmd_eval_reference(args.rest)
-    from omegaconf import OmegaConf
-
-    from maskbench.config import load_run_config, validate
+    from maskbench.config import load_run_config, with_eval_overrides
     from maskbench.eval.fid import MissingWeights
     from maskbench.eval.reevaluate import evaluate_run
 
@@ -119,13 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     points, overrides = (args.point or []) + extra.point, extra.overrides
     try:
         cfg = load_run_config(args.target)
-        bad = [o for o in overrides if not o.startswith(("eval.", "paths."))]
-        if bad:
-            raise ConfigError(f"only eval.* and paths.* can change when re-evaluating; got {bad[0]!r}")
-        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(overrides))
-        cfg = OmegaConf.to_object(merged)
-        validate(cfg)
-        rows = evaluate_run(args.target, points or None, overrides=cfg)
+        rows = evaluate_run(args.target, points or None, overrides=with_eval_overrides(cfg, overrides))
     except (ConfigError, ValueError, MissingWeights) as err:
         return fail(str(err).splitlines()[0])
     for row in rows:
@@ -206,38 +198,35 @@ def cmd_probe_gradfid(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="maskbench", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
-        description="Compute-matched benchmarks of masked-token (token-dropping) pretraining for "
-                    "text-to-image diffusion transformers.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    run = sub.add_parser("run", help="train one arm to its FLOPs budget, evaluating at each eval point",
-                         description="Train one run (arm, data, model, budget, seed). Settings are key=value "
-                                     "overrides of the packaged config (groups: arm, data, model, eval). "
-                                     "Rerunning the same command resumes an interrupted run; a finished run is "
-                                     "not retrained.", epilog=EXAMPLES,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run(run: argparse.ArgumentParser) -> None:
+    run.description = ("Train one run (arm, data, model, budget, seed). Settings are key=value overrides of the "
+                       "packaged config (groups: arm, data, model, eval). Rerunning the same command resumes an "
+                       "interrupted run; a finished run is not retrained.")
+    run.epilog = EXAMPLES
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. arm=mask75 seed=1")
     run.set_defaults(func=cmd_run)
 
-    sweep = sub.add_parser("sweep", help="a grid of runs: train them here one by one, or print cluster launch lines",
-                           description="Expand key=a,b,c overrides into every combination. Without --emit, "
-                                       "train them here one after another (finished runs are skipped, "
-                                       "interrupted ones resume).",
-                           epilog="example: maskbench sweep arm=mask0,mask75,mask75_then0 seed=0,1 --emit slurm",
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def add_sweep(sweep: argparse.ArgumentParser) -> None:
+    sweep.description = ("Expand key=a,b,c overrides into every combination. Without --emit, train them here one "
+                         "after another (finished runs are skipped, interrupted ones resume).")
+    sweep.epilog = "example: maskbench sweep arm=mask0,mask75,mask75_then0 seed=0,1 --emit slurm"
     sweep.add_argument("overrides", nargs="*", metavar="KEY=V1,V2,...")
     sweep.add_argument("--emit", choices=("accelerate", "torchrun", "slurm"),
                        help="print launch lines (or a SLURM array script) instead of training")
     sweep.add_argument("--nproc", type=int, default=8, help="processes (GPUs) per run in emitted lines")
     sweep.set_defaults(func=cmd_sweep)
 
-    arms = sub.add_parser("arms", help="list the shipped arms with their phases")
+
+def add_arms(arms: argparse.ArgumentParser) -> None:
     arms.set_defaults(func=cmd_arms)
 
-    data = sub.add_parser("data", help="build and check shards")
+
+def add_data(data: argparse.ArgumentParser) -> None:
+    from maskbench.data.encode import add_encode_arguments
+    from maskbench.data.pack import add_pack_arguments
+    from maskbench.data.verify import add_verify_arguments
+
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     synth = data_sub.add_parser("synth", help="generate the embedded synthetic dataset (also done on first run)")
     synth.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -247,22 +236,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_arguments(data_sub)
     add_encode_arguments(data_sub)
 
-    evaluate = sub.add_parser("eval", help="(re)evaluate a run's checkpoints, or build FID reference statistics",
-                              description="maskbench eval RUN_DIR [--point P ...] [eval.key=value ...]: evaluate the "
-                                          "run's eval-point checkpoints (default: all) and append leaderboard rows.\n"
-                                          "maskbench eval reference SRC --inception-weights PT: build FID reference "
-                                          "statistics (see `maskbench eval reference --help`).",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def add_eval(evaluate: argparse.ArgumentParser) -> None:
+    evaluate.description = ("maskbench eval RUN_DIR [--point P ...] [eval.key=value ...]: evaluate the run's "
+                            "eval-point checkpoints (default: all) and append leaderboard rows.\n"
+                            "maskbench eval reference SRC --inception-weights PT: build FID reference statistics "
+                            "(see `maskbench eval reference --help`).")
     evaluate.add_argument("target", metavar="RUN_DIR|reference")
     evaluate.add_argument("--point", type=float, action="append", help="eval point(s) to evaluate, e.g. 1.0")
     evaluate.add_argument("rest", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
                           help="eval.* / paths.* overrides (e.g. eval.n_samples=1000)")
     evaluate.set_defaults(func=cmd_eval)
 
-    board = sub.add_parser("leaderboard", help="compare arms: mean ± 95%% CI per eval point, compute-to-target, "
-                                               "Welch's test, plots",
-                           description="Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and "
-                                       "summarise each (dataset, model, budget) group per arm.")
+
+def add_leaderboard(board: argparse.ArgumentParser) -> None:
+    board.description = ("Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and summarise each "
+                         "(dataset, model, budget) group per arm.")
     board.add_argument("csvs", nargs="*", metavar="CSV",
                        help="leaderboard CSVs (default: results/leaderboard.csv and results/reference.csv)")
     board.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
@@ -271,10 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.set_defaults(func=cmd_leaderboard)
-    add_repro_arguments(sub)
 
-    probe = sub.add_parser("probe", help="diagnostic probes of a trained run (gradfid: does masking keep the "
-                                         "gradient's direction, per noise level?)")
+
+def add_repro(repro: argparse.ArgumentParser) -> None:
+    from maskbench.results.repro import add_repro_arguments
+
+    add_repro_arguments(repro)
+
+
+def add_probe(probe: argparse.ArgumentParser) -> None:
     probe_sub = probe.add_subparsers(dest="probe_command", required=True, metavar="PROBE")
     gradfid = probe_sub.add_parser(
         "gradfid", help="debiased cosine between full-token and masked / downscaled gradients per t bin",
@@ -295,16 +289,47 @@ def build_parser() -> argparse.ArgumentParser:
                               "it, batches are summed into as many groups as fit, >= 3 (default 16)")
     gradfid.set_defaults(func=cmd_probe_gradfid)
 
-    bench = sub.add_parser("bench", help="device figures: `maskbench bench peak` measures the GEMM peak (MFU's "
-                                         "denominator on devices without a table entry)")
+
+def add_bench(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("what", choices=("peak",))
     bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="--device cpu|cuda --precision fp32|...")
     bench.set_defaults(func=cmd_bench)
+
+
+COMMANDS = {  # name -> (one-line help, the function that adds its arguments and handler)
+    "run": ("train one arm to its FLOPs budget, evaluating at each eval point", add_run),
+    "sweep": ("a grid of runs: train them here one by one, or print cluster launch lines", add_sweep),
+    "arms": ("list the shipped arms with their phases", add_arms),
+    "data": ("build and check shards (synth, pack, verify, encode)", add_data),
+    "eval": ("(re)evaluate a run's checkpoints, or build FID reference statistics", add_eval),
+    "leaderboard": ("compare arms: mean ± 95%% CI per eval point, compute-to-target, Welch's test, plots",
+                    add_leaderboard),
+    "repro": ("reproducibility checks of a run: rerun, resume, metrics, environment (PASS/FAIL)", add_repro),
+    "probe": ("diagnostic probes of a trained run (gradfid: does masking keep the gradient's direction, per "
+              "noise level?)", add_probe),
+    "bench": ("device figures: `maskbench bench peak` measures the GEMM peak (MFU's denominator on devices "
+              "without a table entry)", add_bench),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only `command`'s arguments are added (None: just the list, for --help)."""
+    parser = argparse.ArgumentParser(
+        prog="maskbench", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+        description="Compute-matched benchmarks of masked-token (token-dropping) pretraining for "
+                    "text-to-image diffusion transformers.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, add_arguments) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name == command:
+            add_arguments(command_parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     return args.func(args)
 
 

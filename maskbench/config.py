@@ -21,7 +21,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from maskbench.models.dit import LONG_SKIPS, PRESETS, SKIP_SCALES, ModelConfig
+import yaml
+
+from maskbench.models.presets import LONG_SKIPS, PRESETS, SKIP_SCALES, ModelConfig, check_model
+from maskbench.train.tracking import check_tracker
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -114,6 +117,7 @@ class TrainConfig:
     pin_memory: bool = True        # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
     activation_checkpointing: bool = False  # recompute each DiT block in backward: less memory, ~1/3 more compute
     dist_timeout_minutes: float = 120.0     # collective timeout: other ranks wait while rank 0 evaluates
+    log_with: str = "none"         # none | tensorboard (event files under the run dir) | wandb (accelerate trackers)
     mae_weight: float = 0.0        # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
     downscale_window: list[float] = field(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
     downscale_factor: int = 2      # 1/factor resolution (pixel synth data; FLOPs counted at that resolution)
@@ -152,7 +156,7 @@ _NOT_RESULT_FIELDS = {
     "eval.inception_weights", "eval.clip_weights", "eval.reference_stats", "eval.vae", "eval.dinov2_weights",
     "eval.dinov2_model",
     "train.fused_optimizer", "train.attention", "train.pin_memory", "train.activation_checkpointing",
-    "train.dist_timeout_minutes",
+    "train.dist_timeout_minutes", "train.log_with",
 }
 
 
@@ -165,6 +169,13 @@ def _register_schema() -> None:
 
 def known_arms() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "arm").glob("*.yaml"))
+
+
+def shipped_arm(name: str) -> ArmConfig:
+    """A shipped arm's phases and description, read from its YAML alone (no Hydra compose: `maskbench arms`)."""
+    loaded = OmegaConf.load(CONF_DIR / "arm" / f"{name}.yaml")
+    node = loaded.arm if "arm" in loaded else loaded
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArmConfig), node))
 
 
 def arm_settings(name: str) -> list[str]:
@@ -223,9 +234,17 @@ def load_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
 def _merge_arm_file(composed: DictConfig, arm_file: Path, overrides: list[str]) -> DictConfig:
     """A user's arm file: phases only (the `arm` group's keys), or, like the shipped arms in the global
     package, an `arm:` section plus model/train options. Command-line overrides still win over the file."""
-    loaded = OmegaConf.load(arm_file)
+    try:
+        loaded = OmegaConf.load(arm_file)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"arm file {arm_file} is not valid YAML: {_one_line(err)}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"arm file {arm_file} must be a mapping with `phases` (or an `arm:` section)")
     arm_only = "arm" not in loaded
     arm = loaded if arm_only else loaded.arm
+    if not isinstance(arm, DictConfig) or "phases" not in arm:
+        raise ConfigError(f"arm file {arm_file} has no `phases` list: an arm is its phases "
+                          "(e.g. phases: [{mask_ratio: 0.75, fraction: 1.0}])")
     if "name" not in arm:
         arm.name = arm_file.stem
     if arm_only:
@@ -243,6 +262,20 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
         cfg: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))
     except OmegaConfBaseException as err:
         raise ConfigError(f"{path}: {_one_line(err)}") from None
+    return cfg
+
+
+def with_eval_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """A recorded run's config with eval.* / paths.* changed (what re-evaluation may change), validated."""
+    bad = [o for o in overrides if not o.startswith(("eval.", "paths."))]
+    if bad:
+        raise ConfigError(f"only eval.* and paths.* can change when re-evaluating; got {bad[0]!r}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(overrides))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_one_line(err)) from None
+    validate(cfg)
     return cfg
 
 
@@ -277,13 +310,44 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.grad_accum must be at least 1, got {cfg.train.grad_accum}")
     if cfg.train.attention not in ("auto", "math"):
         raise ConfigError(f"train.attention must be auto|math, got {cfg.train.attention!r}")
+    if problem := check_tracker(cfg.train.log_with):
+        raise ConfigError(problem)
     if cfg.train.keep_checkpoints < 1:
         raise ConfigError("train.keep_checkpoints must be at least 1 (the latest checkpoint is what resumes)")
     if cfg.model.kernels not in ("auto", "torch", "triton"):
         raise ConfigError(f"model.kernels must be auto|torch|triton, got {cfg.model.kernels!r}")
+    _validate_ranges(cfg)
+    try:
+        check_model(cfg.model, cfg.data.image_size if cfg.data.path is None and not cfg.data.mix else None)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     _validate_techniques(cfg)
     if cfg.data.path is not None and not Path(cfg.data.path).exists():
         raise ConfigError(f"data.path does not exist: {cfg.data.path}")
+
+
+def _validate_ranges(cfg: RunConfig) -> None:
+    """Numbers that are only meaningful in a range (one line each, as every bad input)."""
+    train, ev = cfg.train, cfg.eval
+    at_least = {"model.depth": (cfg.model.depth, 1), "train.batch_size": (train.batch_size, 1), "train.warmup_steps": (train.warmup_steps, 0),
+                "train.max_bad_steps": (train.max_bad_steps, 1), "eval.sampler_steps": (ev.sampler_steps, 1),
+                "eval.n_samples": (ev.n_samples, 2), "eval.val_samples": (ev.val_samples, 1),
+                "eval.batch_size": (ev.batch_size, 1), "eval.grid_size": (ev.grid_size, 1),
+                "data.num_workers": (cfg.data.num_workers, 0), "data.shuffle_buffer": (cfg.data.shuffle_buffer, 1)}
+    for name, (value, low) in at_least.items():
+        if value < low:
+            why = " (a Fréchet distance needs two samples)" if name == "eval.n_samples" else ""
+            raise ConfigError(f"{name} must be at least {low}{why}, got {value}")
+    fractions = {"train.ema_decay": (train.ema_decay, True), "train.caption_dropout": (train.caption_dropout, False),
+                 "data.max_bad_fraction": (cfg.data.max_bad_fraction, False)}
+    for name, (value, open_top) in fractions.items():
+        if not (0.0 <= value < 1.0 if open_top else 0.0 <= value <= 1.0):
+            raise ConfigError(f"{name} must be in [0, {'1)' if open_top else '1]'}, got {value:g}")
+    if train.lr <= 0 or train.grad_clip <= 0 or train.weight_decay < 0:
+        raise ConfigError(f"train.lr and train.grad_clip must be positive and train.weight_decay >= 0; got "
+                          f"{train.lr:g}, {train.grad_clip:g}, {train.weight_decay:g}")
+    if not ev.val_t or any(not 0.0 < t < 1.0 for t in ev.val_t):
+        raise ConfigError(f"eval.val_t must be times in (0, 1), got {list(ev.val_t)}")
 
 
 def _validate_techniques(cfg: RunConfig) -> None:
@@ -298,6 +362,9 @@ def _validate_techniques(cfg: RunConfig) -> None:
     if model.structured_mask and any(p.mask_ratio not in (0.0, 0.75) for p in cfg.arm.phases):
         raise ConfigError("model.structured_mask keeps one token per 2x2 group: every phase needs mask 0 or 0.75")
     window = train.downscale_window
+    if not window and train.downscale_factor != TrainConfig.downscale_factor:
+        raise ConfigError(f"train.downscale_factor={train.downscale_factor} does nothing without "
+                          "train.downscale_window=[t_lo,t_hi] (the noise window whose samples are downscaled)")
     if window:
         if len(window) != 2 or not 0.0 <= window[0] < window[1] <= 1.0:
             raise ConfigError(f"train.downscale_window must be [t_lo, t_hi] with 0 <= t_lo < t_hi <= 1, got {window}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from maskbench.eval import standins
 from tests.fixtures_real import make_brushdata
 
 torch.set_num_threads(1)
+# Measured GEMM peaks are cached per machine; the tests (and the processes they start) share one fresh cache.
+os.environ.setdefault("MASKBENCH_CACHE", tempfile.mkdtemp(prefix="maskbench-cache-"))
 
 
 @pytest.fixture(scope="session")

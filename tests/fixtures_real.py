@@ -69,6 +69,15 @@ def truncate(path: Path, fraction: float) -> None:
     path.write_bytes(data[: int(len(data) * fraction)])
 
 
+def cut_after_member(path: Path, index: int) -> None:
+    """Cut an uncompressed tar right after member `index`'s (padded) data, as a download stopped
+    between members leaves it: no later members and no end-of-archive blocks."""
+    with tarfile.open(path) as tar:
+        member = tar.getmembers()[index]
+    end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    path.write_bytes(path.read_bytes()[:end])
+
+
 # ---------------------------------------------------------------- BrushData
 
 

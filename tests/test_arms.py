@@ -81,7 +81,7 @@ def test_scalelong_scales_the_nth_skip_by_kappa_to_the_n_minus_1() -> None:
 
 def test_no_long_skips_by_default_and_bad_options_are_refused() -> None:
     assert len(_model(depth=4).long_skips) == 0
-    with pytest.raises(ValueError, match="long_skip must be one of"):
+    with pytest.raises(ValueError, match="model.long_skip must be"):
         _model(long_skip="add")
     with pytest.raises(ConfigError, match="model.long_skip"):
         load_config(["model.skip_scale=learned"])

@@ -9,7 +9,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from maskbench.models.dit import DiT, ModelConfig, PRESETS
+from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.presets import PRESETS
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.train.flops import plan_phases, sample_step_flops, train_step_flops

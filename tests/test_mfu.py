@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
-from maskbench.train.mfu import bench_peak_main, device_peak, matmul_precision, measure_gemm_peak, mfu, table_peak
+import maskbench.train.mfu as mfu_module
+from maskbench.train.mfu import (bench_peak_main, cached_gemm_peak, device_peak, matmul_precision, measure_gemm_peak,
+                                 mfu, table_peak)
 
 
 def test_mfu_is_model_flops_over_device_seconds_times_peak():
@@ -41,6 +44,19 @@ def test_cpu_peak_is_measured_once_per_process(capsys):
     assert math.isfinite(peak) and peak > 0         # its size is a benchmark figure (benchmarks/step_time.py)
     assert measure_gemm_peak("cpu", "fp32", n=256, reps=3) == peak  # cached, not re-measured
     figure, source = device_peak(torch.device("cpu"), "fp32")
-    assert figure > 0 and source == "measured"
+    assert figure > 0 and source.startswith("measured:")
     assert bench_peak_main(["--device", "cpu", "--precision", "fp32"]) == 0
     assert "measured GEMM peak" in capsys.readouterr().out
+
+
+def test_the_machine_peak_is_measured_once_and_then_read_from_its_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASKBENCH_CACHE", str(tmp_path))
+    first = cached_gemm_peak(torch.device("cpu"), "fp32")
+    [entry] = json.loads((tmp_path / "gemm_peak.json").read_text()).values()
+    assert entry["flops"] == first == max(entry["rounds"]) and entry["n"] == 2048
+
+    def no_second_measurement(*args, **kwargs):
+        raise AssertionError("measured again")
+    monkeypatch.setattr(mfu_module, "measure_gemm_peak", no_second_measurement)
+    assert cached_gemm_peak(torch.device("cpu"), "fp32") == first
+    assert device_peak(torch.device("cpu"), "fp32") == (first, f"measured:{tmp_path / 'gemm_peak.json'}")

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from maskbench.models.dit import DiT, ModelConfig, PRESETS, tiny
+from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.presets import PRESETS, tiny
 from maskbench.models.masking import keep_count, random_keep_idx
 from maskbench.models.text import SynthTextEncoder
 
@@ -193,7 +194,7 @@ def test_text_encoder_masks_padding_and_keeps_its_table_out_of_checkpoints() -> 
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: DiT(_cfg(), 18, 3, 16), "not divisible by patch size"),
+    (lambda: DiT(_cfg(), 18, 3, 16), "does not divide the 18-pixel input"),
     (lambda: DiT(_cfg(heads=3), IMAGE, 3, 16), "heads"),
     (lambda: DiT(_cfg(), IMAGE, 3, 99, SynthTextEncoder(16, 1, 12)), "text encoder width"),
 ])

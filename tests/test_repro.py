@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import shutil
@@ -13,7 +12,8 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from maskbench.config import load_config
-from maskbench.results.repro import add_repro_arguments, repro_main
+from maskbench.cli import main
+from maskbench.results.repro import repro_main
 from maskbench.train.loop import train
 from tests.conftest import tiny_overrides
 
@@ -100,10 +100,7 @@ def test_other_torch_version_fails_environment(run_dir, tmp_path, capsys):
 
 
 def test_bad_input_is_one_line_and_exit_2(run_dir, tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    add_repro_arguments(parser.add_subparsers())
-    args = parser.parse_args(["repro", str(tmp_path)])
-    assert args.func(args) == 2
+    assert main(["repro", str(tmp_path)]) == 2
     assert "is not a run directory" in capsys.readouterr().err
     assert repro_main(run_dir, steps=10_000) == 2
     err = capsys.readouterr().err

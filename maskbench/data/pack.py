@@ -7,8 +7,10 @@ resize / centre-crop), so the quirks of each source stay in its adapter and the 
 
 Packing is resumable and idempotent because it works per unit: a unit is written into a temporary
 folder, its shards are renamed into place, and only then is its part manifest recorded under
-`.parts/`. A rerun skips units that have a part manifest and redoes the others, overwriting the
-same deterministic shard names, so it neither duplicates samples nor leaves partial shards.
+`.parts/`, with the name, size and mtime of every input the unit was made from. A rerun skips a
+unit only when its part manifest exists, its inputs are unchanged and its archive was read to the
+end; it redoes the others (new, re-downloaded, or cut short last time), overwriting the same
+deterministic shard names, so it neither duplicates samples nor leaves partial or stale shards.
 `manifest.json` is rebuilt from all part manifests at the end, so a large dataset can also be
 packed in batches of inputs into one folder.
 """
@@ -45,6 +47,7 @@ OPTIONS = ".options.json"  # what the folder was made with, so a rerun cannot mi
 SOURCES = ("brushdata", "sa1b", "journeydb")
 IMAGE_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 PICKLE_FIELDS = ("pyd", "pickle")
+ARCHIVE_FAILURES = ("bad_archive", "truncated_tar")  # skips that mean an input was not read to its end
 # data_filter only needs a destination to resolve member paths against; nothing is extracted.
 _NOWHERE = "/maskbench-archive-root"
 T = TypeVar("T")
@@ -77,11 +80,13 @@ class Unit:
     """The smallest piece of work that is packed, resumed or skipped whole: one input archive.
 
     `read` must be picklable (a functools.partial of a module-level function) so that worker
-    processes can run it.
+    processes can run it. `inputs` are the files or folders `read` draws on; a rerun repacks the
+    unit when any of them changed since it was packed.
     """
 
     name: str
     read: Callable[[], Iterable[Item]]
+    inputs: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,19 +235,39 @@ def _finished(key: str | None, fields: dict[str, bytes], seen: set[str]) -> Iter
         yield key, fields
 
 
+class _EndCheckedTarInfo(tarfile.TarInfo):
+    """TarInfo whose archive ends only at the end-of-archive marker (a block of zeros).
+
+    tarfile quietly ends an archive at any block that is not a header: the marker, but also no
+    block at all (a file cut at a member boundary, as an interrupted download leaves it), a partial
+    block or garbage. Those are read errors here. The check is on the blocks tarfile reads, that is
+    on the decompressed stream of a .tgz; one zero block is enough (tar writes two).
+    """
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.EOFHeaderError:  # a full zero block: the marker
+            raise
+        except tarfile.HeaderError as err:
+            raise tarfile.ReadError(f"no end-of-archive marker: {err}") from None
+
+
 def iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]] | Skip]:
     """Group a tar's contiguous members into (key path, {field: bytes}) like webdataset does.
 
     The tar is read as a stream and nothing is extracted to disk. A key seen before in the archive
     (or a field repeated within a group) is a duplicate and skipped; the first occurrence wins.
-    A broken archive ends the stream with one Skip, dropping the group being read.
+    A broken archive, including one that stops without its end-of-archive marker, ends the stream
+    with one Skip, dropping the group being read (its last members may be the ones cut off).
     """
     seen: set[str] = set()
     key: str | None = None
     fields: dict[str, bytes] = {}
     read_any = False
     try:
-        with tarfile.open(path, "r|*") as tar:
+        with tarfile.open(path, "r|*", tarinfo=_EndCheckedTarInfo) as tar:
             for member in tar:
                 read_any = True
                 if member.isdir():
@@ -306,12 +331,45 @@ def unit_done(out_dir: Path, name: str) -> bool:
     return (out_dir / PARTS / f"{name}.json").exists()
 
 
+def read_part(out_dir: Path, name: str) -> dict[str, Any] | None:
+    """A committed unit's part manifest, or None when the unit was never committed."""
+    path = out_dir / PARTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def commit_unit(out_dir: Path, name: str, tmp: Path, part: dict[str, Any]) -> None:
-    """Move a finished unit's shards into place, then record it: the part file is the commit."""
+    """Move a finished unit's shards into place, then record it: the part file is the commit.
+
+    A unit packed again may now have fewer shards; its old ones beyond them are removed first, so
+    the folder never holds shards no manifest lists. Until the new part is written the old one
+    still stands, and with it the reason the unit is being repacked, so a crash here is redone.
+    """
+    new = {shard["name"] for shard in part["shards"]}
+    for shard in (read_part(out_dir, name) or {"shards": []})["shards"]:
+        if shard["name"] not in new:
+            (out_dir / shard["name"]).unlink(missing_ok=True)
     for shard in part["shards"]:
         os.replace(tmp / shard["name"], out_dir / shard["name"])
     _write_json_atomic(out_dir / PARTS / f"{name}.json", part)
     shutil.rmtree(tmp)
+
+
+def input_stamps(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Name, size and mtime of each input, what a part is checked against on rerun.
+
+    A folder is stamped by its files' count, total size and newest mtime (its own counts too, so a
+    removed file shows), which is enough to see a re-download without reading the data again.
+    """
+    stamps = []
+    for path in paths:
+        if path.is_dir():
+            stats = [f.stat() for f in path.iterdir() if f.is_file()]
+            stamps.append({"name": path.name, "files": len(stats), "size": sum(s.st_size for s in stats),
+                           "mtime_ns": max([path.stat().st_mtime_ns, *(s.st_mtime_ns for s in stats)])})
+        else:
+            stat = path.stat()
+            stamps.append({"name": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    return stamps
 
 
 def merge_parts(out_dir: Path, header: dict[str, Any], skipped: dict[str, int]) -> dict[str, Any]:
@@ -357,6 +415,7 @@ class _UnitPacker:
     filters: dict[str, Any]
 
     def __call__(self, unit: Unit) -> dict[str, Any]:
+        inputs = input_stamps(unit.inputs)  # before reading: a change during the read shows next time
         tmp = self.out_dir / f".tmp-{unit.name}"
         shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
         with CanonicalShardWriter(
@@ -375,14 +434,51 @@ class _UnitPacker:
                     continue
                 meta = {**item.meta, "width": width, "height": height}  # the writer adds source and id
                 writer.write(item.key, image, ext, caption, meta, item.extra or None)
-        part = read_manifest(tmp)
+        part = {**read_manifest(tmp), "inputs": inputs}
         commit_unit(self.out_dir, unit.name, tmp, part)
         return part
 
 
-def pack(out_dir: str | Path, source: str, plan: SourcePlan, opts: PackOptions, progress: bool = True) -> dict:
-    """Pack every unit of `plan` not packed yet into `out_dir` and return the merged manifest."""
+# Why a unit is (re)packed, or "kept" when it is not, and the summary line for each decision.
+RESUME_LINES = {
+    "kept": "skipped {n} already packed (inputs unchanged)",
+    "new": "packing {n} not packed before",
+    "inputs_changed": "repacking {n}: inputs changed since packed",
+    "archive_failed": "repacking {n}: archive not read to its end last time (bad_archive/truncated_tar)",
+    "unrecorded": "repacking {n}: packed before inputs were recorded",
+}
+
+
+def _resume_decision(part: dict[str, Any] | None, unit: Unit) -> str:
+    """A key of RESUME_LINES: a part is trusted only if it records the very inputs there are now
+    and no archive-level failure, since a re-download or a retry may yield what was lost."""
+    if part is None:
+        return "new"
+    if "inputs" not in part:
+        return "unrecorded"
+    if part["inputs"] != input_stamps(unit.inputs):
+        return "inputs_changed"
+    if any(part["skipped"].get(reason) for reason in ARCHIVE_FAILURES):
+        return "archive_failed"
+    return "kept"
+
+
+def _resume_summary(decisions: Counter[str]) -> list[str]:
+    """One line per kind of decision taken, in RESUME_LINES order."""
+    return [line.format(n=f"{decisions[kind]} unit{'s' * (decisions[kind] != 1)}")
+            for kind, line in RESUME_LINES.items() if decisions[kind]]
+
+
+def pack(out_dir: str | Path, source: str, plan: SourcePlan, opts: PackOptions, progress: bool = True,
+         log: Callable[[str], None] | None = None) -> dict:
+    """Pack every unit of `plan` not packed yet, or whose part is stale, into `out_dir`.
+
+    `log` is told, before packing, what is skipped and what is (re)packed and why, one line each.
+    Returns the merged manifest.
+    """
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file; give a folder for the shards and manifest.json")
     names = [u.name for u in plan.units]
     if len(set(names)) != len(names):
         raise ValueError(f"two inputs share a name: {sorted(n for n, c in Counter(names).items() if c > 1)}")
@@ -390,7 +486,11 @@ def pack(out_dir: str | Path, source: str, plan: SourcePlan, opts: PackOptions, 
     header = {"source": source, "packer_version": PACKER_VERSION, "filters": filters}
     out_dir.mkdir(parents=True, exist_ok=True)
     claim_output(out_dir, header)
-    todo = [u for u in plan.units if not unit_done(out_dir, u.name)]
+    decisions = [_resume_decision(read_part(out_dir, unit.name), unit) for unit in plan.units]
+    if log is not None:
+        for line in _resume_summary(Counter(decisions)):
+            log(line)
+    todo = [unit for unit, decision in zip(plan.units, decisions) if decision != "kept"]
     packer = _UnitPacker(out_dir, source, opts, filters)
     run_units(todo, packer, min(opts.workers, max(1, len(todo))), f"pack {source}", progress)
     return merge_parts(out_dir, header, plan.skipped)
@@ -428,10 +528,17 @@ def pack_command(args: argparse.Namespace) -> int:
             max_caption_chars=args.max_caption_chars, image_format=args.image_format,
             maxcount=args.maxcount, workers=args.workers,
         )
-        manifest = pack(args.out, args.source, args.plan_from_args(args), opts, progress=args.progress)
+        manifest = pack(args.out, args.source, args.plan_from_args(args), opts, progress=args.progress, log=print)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # an input the user named that cannot be read (permissions, a folder, ...)
+        print(f"error: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
     skipped = ", ".join(f"{k}={v}" for k, v in manifest["skipped"].items()) or "none"
     print(f"packed {manifest['total']} samples into {len(manifest['shards'])} shards in {args.out}; skipped: {skipped}")
+    if failed := {k: v for k, v in manifest["skipped"].items() if k in ARCHIVE_FAILURES}:
+        print(f"warning: {sum(failed.values())} input archive(s) not read to their end "
+              f"({', '.join(f'{k}={v}' for k, v in failed.items())}); fetch them again and rerun "
+              "(such units are repacked on every run)")
     return 0

@@ -67,14 +67,15 @@ def load_eval_set(data: DatasetInfo, n: int) -> EvalSet:
 
 @torch.no_grad()
 def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], noise_seed: int,
-                    batch_size: int, device: torch.device) -> tuple[float, list[float]]:
-    """Unmasked rectified-flow loss at fixed t on held-out data with fixed noise (MLPerf Flux's metric)."""
-    n = len(evalset.captions)
+                    batch_size: int, device: torch.device, n: int | None = None) -> tuple[float, list[float]]:
+    """Unmasked rectified-flow loss at fixed t on the first n held-out samples (default: all) with fixed
+    noise (MLPerf Flux's metric)."""
+    n = len(evalset.captions) if n is None else n
     per_t = []
     for j, t_value in enumerate(t_values):
         total = 0.0
         for start in range(0, n, batch_size):
-            batch = evalset.batch(start, start + batch_size)
+            batch = evalset.batch(start, min(start + batch_size, n))
             x0 = batch["image"].to(device)                                          # B×C×H×W
             noise = fixed_noise(range(start, start + len(x0)), tuple(x0.shape[1:]), noise_seed + 7919 * (j + 1))
             t = torch.full((len(x0),), t_value, device=device)                      # B
@@ -175,7 +176,8 @@ class Evaluator:
             images = torch.from_numpy(gather_features(images, accelerator))         # N×H×W×3, prompt order
         result = None
         if rank == 0:
-            val_loss, per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device)
+            val_loss, per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device,
+                                              cfg.val_samples)
             result = {"val_loss": val_loss, "val_loss_per_t": per_t}
             result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
             result.update(self.image_metrics(images))

@@ -18,8 +18,6 @@ the phases of an arm.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,46 +26,9 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens
+from maskbench.models.presets import ModelConfig, check_model
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
-
-
-@dataclass
-class ModelConfig:
-    """Architecture of the DiT; plain fields so OmegaConf can compose it from YAML."""
-
-    name: str = "tiny"
-    patch_size: int = 4
-    width: int = 128
-    depth: int = 4            # backbone blocks, run on kept tokens only
-    heads: int = 4
-    mixer_depth: int = 0      # patch-mixer blocks on ALL tokens before dropping (MicroDiT); 0 = MaskDiT-style early drop
-    mlp_ratio: float = 4.0
-    text_width: int = 64      # width of the small trainable synth text encoder
-    text_depth: int = 2
-    text_len: int = 32        # caption context length (tokens) for the synth text encoder
-    kernels: str = "auto"     # auto|torch|triton, passed to gather/scatter
-    structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
-    long_skip: str = "none"   # none | concat_ln (Skip-DiT: concat -> LayerNorm -> Linear) | concat (U-ViT)
-    skip_scale: str = "none"  # none | scalelong (the n-th skip fused is scaled by kappa^(n-1)) | constant (1/sqrt 2)
-    skip_kappa: float = 0.5   # ScaleLong's kappa
-    decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
-
-
-def tiny() -> ModelConfig: return ModelConfig()
-def dit_s2() -> ModelConfig: return ModelConfig(name="dit_s2", depth=12, width=384, heads=6, patch_size=2)
-def dit_b2() -> ModelConfig: return ModelConfig(name="dit_b2", depth=12, width=768, heads=12, patch_size=2)
-def dit_l2() -> ModelConfig: return ModelConfig(name="dit_l2", depth=24, width=1024, heads=16, patch_size=2)
-def dit_xl2() -> ModelConfig: return ModelConfig(name="dit_xl2", depth=28, width=1152, heads=16, patch_size=2)
-
-
-PRESETS: dict[str, Callable[[], ModelConfig]] = {
-    "tiny": tiny, "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2,
-}
-
-
-LONG_SKIPS = ("none", "concat_ln", "concat")
-SKIP_SCALES = ("none", "scalelong", "constant")
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -360,16 +321,6 @@ def _divides_grid(size: torch.Size, patch: int, grid: tuple[int, int]) -> bool:
 
 
 def _validate(cfg: ModelConfig, image_size: int, context_dim: int, text_encoder: nn.Module | None) -> None:
-    if image_size % cfg.patch_size:
-        raise ValueError(f"image size {image_size} is not divisible by patch size {cfg.patch_size}")
-    if cfg.width % 4:
-        raise ValueError(f"width {cfg.width} must be divisible by 4 (2-D sin-cos positions)")
-    if cfg.width % cfg.heads:
-        raise ValueError(f"width {cfg.width} is not divisible by {cfg.heads} heads")
-    if cfg.long_skip not in LONG_SKIPS or cfg.skip_scale not in SKIP_SCALES:
-        raise ValueError(f"long_skip must be one of {LONG_SKIPS} and skip_scale one of {SKIP_SCALES}, "
-                         f"got {cfg.long_skip!r} and {cfg.skip_scale!r}")
-    if cfg.decoder_depth < 0 or cfg.mixer_depth < 0:
-        raise ValueError(f"decoder_depth and mixer_depth must be >= 0, got {cfg.decoder_depth}, {cfg.mixer_depth}")
+    check_model(cfg, image_size)
     if text_encoder is not None and getattr(text_encoder, "width", context_dim) != context_dim:
         raise ValueError(f"context_dim {context_dim} must equal the text encoder width {text_encoder.width}")

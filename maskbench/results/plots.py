@@ -61,7 +61,10 @@ def _plot_group(subfig: SubFigure, group: tuple, records: list[Summary], colors:
     for arm, curve in arms.items():
         _draw(ax_hours, curve, "gpu_hours", arm, colors[arm])
         _draw(ax_flops, curve, "train_flops", arm, colors[arm])
-    ylabel = f"FID ({records[0].fid_features})" if records[0].fid_features else "FID"
+    from maskbench.eval.fid import INCEPTION_FEATURES_NAME  # torch: only when a plot is drawn
+
+    features = records[0].fid_features
+    ylabel = "FID (Inception)" if features == INCEPTION_FEATURES_NAME else f"Fréchet distance ({features or '?'})"
     for ax, xlabel in ((ax_hours, "GPU-hours"), (ax_flops, "training FLOPs (fwd+bwd)")):
         ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)

@@ -214,7 +214,7 @@ def recompute_point(run: RunDir, point: float, evaluator: Evaluator, model: torc
     load_point(run, point, model)
     cfg = evaluator.cfg
     val_loss, _ = validation_loss(model, evaluator.evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size,
-                                  evaluator.device)
+                                  evaluator.device, cfg.val_samples)
     sample_dir = run.samples / f"point-{point:g}"  # decoded images, on latent data
     if not any(sample_dir.glob("[0-9]*.png")):
         raise FileNotFoundError(f"no sample PNGs in {sample_dir}")
@@ -317,16 +317,14 @@ def repro_main(run_dir: str | Path, steps: int | None = None, tolerance: float |
     return 0
 
 
-def add_repro_arguments(subparsers: argparse._SubParsersAction) -> None:
-    """Add `repro RUN_DIR [--steps N] [--tolerance X]` to the top-level subparser group."""
-    parser = subparsers.add_parser(
-        "repro", help="reproducibility checks of a run: rerun, resume, metrics, environment (PASS/FAIL)",
-        description="Retrain the recorded config up to the first eval point and compare the loss trace and "
-                    "weights (bit-exact on CPU); check that stop-and-resume equals the uninterrupted rerun; "
-                    "recompute the metrics from the saved samples; compare env.json with this machine. "
-                    "Cost: two retrainings up to the first eval point (e.g. 2 x 25% of a run's training "
-                    "time, each ending with that point's evaluation), then every point's metrics from its "
-                    "saved samples. Exit 1 if a check fails, 2 on bad input.")
+def add_repro_arguments(parser: argparse.ArgumentParser) -> None:
+    """`repro RUN_DIR [--steps N] [--tolerance X]`: arguments and handler of the `repro` command's parser."""
+    parser.description = ("Retrain the recorded config up to the first eval point and compare the loss trace and "
+                          "weights (bit-exact on CPU); check that stop-and-resume equals the uninterrupted rerun; "
+                          "recompute the metrics from the saved samples; compare env.json with this machine. "
+                          "Cost: two retrainings up to the first eval point (e.g. 2 x 25% of a run's training "
+                          "time, each ending with that point's evaluation), then every point's metrics from its "
+                          "saved samples. Exit 1 if a check fails, 2 on bad input.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<run_id>/)")
     parser.add_argument("--steps", type=int, help="rerun only the first N steps (2 <= N <= the first eval "
                                                   "point's step; weights are compared only at that step)")

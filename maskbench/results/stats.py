@@ -286,12 +286,19 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-TABLE_HEADER = ("dataset", "model", "budget", "arm", "point", "n", "FID", "FID features", "CLIP",
+# "FD", not "FID": the column is Inception FID only where its features say inception (on synth it is the
+# oracle's Fréchet distance); `fd_note` says so under every table.
+TABLE_HEADER = ("dataset", "model", "budget", "arm", "point", "n", "FD", "FD features", "CLIP",
                 "val loss", "align", "GPU-h", "FLOPs to target", "GPU-h to target", "Welch p", "ref")
 CSV_HEADER = ("dataset", "model", "budget_flops", "arm", "point", "n",
               *(f"{m}{suffix}" for m in METRICS for suffix in ("", "_ci")),
               "train_flops", "gpu_hours", "fid_features", "target_metric", "target",
               "flops_to_target", "hours_to_target", "welch_p", "source", "notes")
+
+
+FD_NOTE = ("FD: Fréchet distance in the features named beside it; Inception FID only for "
+           "inception-2015-12-05-clean (oracle-synth-v1 is the synth oracle's, standin-random-inception a random "
+           "network's)")
 
 
 def render(summary: Sequence[Summary], fmt: str = "table") -> str:
@@ -308,6 +315,7 @@ def render(summary: Sequence[Summary], fmt: str = "table") -> str:
     cells = [_table_cells(r, sources) for r in summary]
     notes = list(dict.fromkeys(note for r in summary for note in _group_notes(r)))
     notes += [f"[{i}] {source}" for i, source in enumerate(sources, 1)]
+    notes.append(FD_NOTE)
     if fmt == "markdown":
         lines = [_markdown_line(TABLE_HEADER), _markdown_line(["---"] * len(TABLE_HEADER))]
         lines += [_markdown_line(row) for row in cells]

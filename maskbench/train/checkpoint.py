@@ -76,6 +76,11 @@ def device_name(device: torch.device) -> str:
 
 
 def environment(accelerator: Accelerator) -> dict:
+    """What a run ran on, for `maskbench repro`: versions, device, and the peak its MFU is measured against."""
+    from maskbench.train.mfu import device_peak, matmul_precision
+
+    peak, peak_source = device_peak(accelerator.device, matmul_precision(accelerator.mixed_precision,
+                                                                         accelerator.device))
     versions = {}
     for name in ENV_PACKAGES:
         try:
@@ -91,6 +96,8 @@ def environment(accelerator: Accelerator) -> dict:
         "n_devices": accelerator.num_processes,
         "cpu_threads": torch.get_num_threads(),
         "platform": platform.platform(),
+        "peak_flops": peak,
+        "peak_source": peak_source,
     }
 
 

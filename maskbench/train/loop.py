@@ -48,6 +48,7 @@ from maskbench.eval.evaluate import Evaluator, check_eval_inputs
 from maskbench.models.build import batch_context, build_model
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
+from maskbench.models.presets import check_model
 from maskbench.models.text import with_token_ids
 from maskbench.train.checkpoint import (RunDir, TrainState, device_name, environment, git_sha, load_checkpoint,
                                         save_checkpoint, write_atomic)
@@ -56,6 +57,7 @@ from maskbench.train.ema import EMA
 from maskbench.train.flops import PhasePlan, plan_phases, train_step_flops
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.objective import in_window, sample_t, windowed_flow_loss
+from maskbench.train.tracking import flat_scalars, log_eval, log_step
 
 
 class TrainingStopped(RuntimeError):
@@ -189,6 +191,10 @@ class Trainer:
                              f"train.grad_accum = {self.n_streams}")
         # Plan first: a budget too small for one step is refused before any data is generated.
         planned_data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+        try:
+            check_model(cfg.model, planned_data.image_size)  # latent data's size is known only here
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if cfg.train.downscale_window and planned_data.latent:
             raise ConfigError("train.downscale_window needs pixel data (synth): latent shards hold no "
                               "downscaled latents")
@@ -231,6 +237,9 @@ class Trainer:
         if acc.is_main_process:
             self.run.create(to_dict(cfg), environment(acc))
         acc.wait_for_everyone()
+        if cfg.train.log_with != "none":  # TensorBoard: RUN_DIR/maskbench/; W&B: project maskbench, run = run id
+            acc.init_trackers("maskbench", config=flat_scalars(to_dict(cfg)),
+                              init_kwargs={"wandb": {"name": self.run.root.name}})
         latest = self.run.latest_checkpoint()
         if latest is not None:
             trained_on = json.loads(self.run.env.read_text())["n_devices"]
@@ -355,12 +364,15 @@ class Trainer:
                 state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
                 diagnostics = self.block_norms.step()
                 if acc.is_main_process:
-                    metrics_log.write(json.dumps({
+                    record = {
                         "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
                         "lr": self.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
                         "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
                         "data_digest": out["data_digest"], "bad_samples": state.bad_samples,
-                        "skipped_nonfinite": state.skipped_nonfinite, **diagnostics}) + "\n")
+                        "skipped_nonfinite": state.skipped_nonfinite, **diagnostics}
+                    metrics_log.write(json.dumps(record) + "\n")
+                    if cfg.train.log_with != "none":
+                        log_step(acc, record, state.step)
                 bar.update(step_flops)
                 bar.set_postfix_str(f"step {state.step}/{schedule.total_steps} mask {phase.mask_ratio:g} "
                                     f"loss {out['loss']:.4f}", refresh=False)
@@ -408,10 +420,13 @@ class Trainer:
             result["diagnostics"] = diagnostics
             peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
             utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak)
-            print(f"point {point:g}: MFU {utilisation:.1%} of {peak / 1e12:.3g} TFLOP/s per device ({source})")
+            print(f"point {point:g}: {utilisation * peak / 1e12:.3g} TFLOP/s per device, MFU {utilisation:.1%} of "
+                  f"{peak / 1e12:.3g} ({source})")
             row = leaderboard_row(self.cfg, self.data, self.state, point, result, self.params,
                                   acc.num_processes, device_name(acc.device), utilisation)
             self.run.record_eval(row, result, self.cfg.paths.leaderboard)
+            if self.cfg.train.log_with != "none":
+                log_eval(acc, result, state.step)
         acc.wait_for_everyone()
 
 
@@ -425,6 +440,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
         "n_devices": n_devices, "mfu": mfu, "val_loss": result["val_loss"],
+        "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
         "fid": result.get("fid"), "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"),
         "fid_ref": result.get("fid_ref"), "fd_dinov2": result.get("fd_dinov2"),
         "fd_dinov2_features": result.get("fd_dinov2_features"),
@@ -444,8 +460,10 @@ def make_accelerator(cfg: RunConfig) -> Accelerator:
     if precision == "auto":
         precision = "bf16" if cuda else "no"
     timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.train.dist_timeout_minutes))
+    trackers = None if cfg.train.log_with == "none" else cfg.train.log_with
     return Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
-                       kwargs_handlers=[timeout])
+                       kwargs_handlers=[timeout], log_with=trackers,
+                       project_dir=str(Path(cfg.paths.runs) / run_id(cfg)))
 
 
 def train(cfg: RunConfig) -> Path:

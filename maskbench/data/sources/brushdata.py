@@ -88,7 +88,7 @@ def read_brushdata_tar(path: Path, keep_segmentation: bool) -> Iterator[Item]:
 def plan_brushdata(inputs: list[str | Path], keep_segmentation: bool = False) -> SourcePlan:
     """One unit per tar; `inputs` are tar files or folders of them."""
     tars = existing_paths(inputs, "*.tar")
-    units = [Unit(p.stem, partial(read_brushdata_tar, p, keep_segmentation)) for p in tars]
+    units = [Unit(p.stem, partial(read_brushdata_tar, p, keep_segmentation), (p,)) for p in tars]
     return SourcePlan(units, {}, {"keep_segmentation": keep_segmentation})
 
 

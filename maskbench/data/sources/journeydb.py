@@ -128,9 +128,10 @@ def plan_journeydb(annotations: list[str | Path], imgs: str | Path, caption_fiel
     units = []
     for name in sorted(folders.keys() | archives.keys()):
         if name in folders:
-            units.append(Unit(name, partial(read_journeydb_folder, folders[name], captions.get(name, {}))))
+            path, read = folders[name], partial(read_journeydb_folder, folders[name], captions.get(name, {}))
         else:
-            units.append(Unit(name, partial(read_journeydb_archive, archives[name], name, captions.get(name, {}))))
+            path, read = archives[name], partial(read_journeydb_archive, archives[name], name, captions.get(name, {}))
+        units.append(Unit(name, read, (path, *anno_paths)))  # annotations too: they decide what is packed
     filters = {"caption_field": caption_field, "annotations": sorted(p.name for p in anno_paths)}
     return SourcePlan(units, dict(skipped), filters)
 

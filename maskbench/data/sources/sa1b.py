@@ -84,11 +84,12 @@ def read_sa1b_tar(path: Path, captions: dict[str, str | None]) -> Iterator[Item]
 
 
 def plan_sa1b(inputs: list[str | Path], captions: list[str | Path]) -> SourcePlan:
-    """One unit per SA-1B tar; `captions` are InternVL-SA-1B-Caption JSONL files."""
+    """One unit per SA-1B tar; `captions` are InternVL-SA-1B-Caption JSONL files (inputs of every
+    unit, since a re-downloaded caption file may caption images it left out before)."""
     tars = existing_paths(inputs, "sa_*.tar")
     caption_files = existing_paths(captions, "*.jsonl")
     by_stem, skipped = read_captions(caption_files, {p.stem for p in tars})
-    units = [Unit(p.stem, partial(read_sa1b_tar, p, by_stem.get(p.stem, {}))) for p in tars]
+    units = [Unit(p.stem, partial(read_sa1b_tar, p, by_stem.get(p.stem, {})), (p, *caption_files)) for p in tars]
     return SourcePlan(units, dict(skipped), {"captions": sorted(p.name for p in caption_files)})
 
 

@@ -1,0 +1,72 @@
+"""The DiT's configuration and its presets: plain data, importable without torch.
+
+The command line composes configs (and answers `--help`, `arms`, `sweep --emit`) from these alone, so
+they live apart from the network in `dit.py`, which needs torch and timm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the DiT; plain fields so OmegaConf can compose it from YAML."""
+
+    name: str = "tiny"
+    patch_size: int = 4
+    width: int = 128
+    depth: int = 4            # backbone blocks, run on kept tokens only
+    heads: int = 4
+    mixer_depth: int = 0      # patch-mixer blocks on ALL tokens before dropping (MicroDiT); 0 = MaskDiT-style early drop
+    mlp_ratio: float = 4.0
+    text_width: int = 64      # width of the small trainable synth text encoder
+    text_depth: int = 2
+    text_len: int = 32        # caption context length (tokens) for the synth text encoder
+    kernels: str = "auto"     # auto|torch|triton, passed to gather/scatter
+    structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
+    long_skip: str = "none"   # none | concat_ln (Skip-DiT: concat -> LayerNorm -> Linear) | concat (U-ViT)
+    skip_scale: str = "none"  # none | scalelong (the n-th skip fused is scaled by kappa^(n-1)) | constant (1/sqrt 2)
+    skip_kappa: float = 0.5   # ScaleLong's kappa
+    decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
+
+
+def tiny() -> ModelConfig: return ModelConfig()
+def dit_s2() -> ModelConfig: return ModelConfig(name="dit_s2", depth=12, width=384, heads=6, patch_size=2)
+def dit_b2() -> ModelConfig: return ModelConfig(name="dit_b2", depth=12, width=768, heads=12, patch_size=2)
+def dit_l2() -> ModelConfig: return ModelConfig(name="dit_l2", depth=24, width=1024, heads=16, patch_size=2)
+def dit_xl2() -> ModelConfig: return ModelConfig(name="dit_xl2", depth=28, width=1152, heads=16, patch_size=2)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": tiny, "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2,
+}
+
+
+LONG_SKIPS = ("none", "concat_ln", "concat")
+SKIP_SCALES = ("none", "scalelong", "constant")
+
+
+def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
+    """Raise ValueError (one line) for an architecture the DiT cannot build; image_size None skips the
+    patch-grid check (the size of latent data is known only once its manifest is read)."""
+    positive = {"width": cfg.width, "heads": cfg.heads, "patch_size": cfg.patch_size,
+                "text_width": cfg.text_width, "text_depth": cfg.text_depth, "text_len": cfg.text_len}
+    for name, value in positive.items():
+        if value < 1:
+            raise ValueError(f"model.{name} must be at least 1, got {value}")
+    if min(cfg.depth, cfg.decoder_depth, cfg.mixer_depth) < 0:  # depth 0: no backbone (a test construction)
+        raise ValueError(f"model.depth, model.decoder_depth and model.mixer_depth must be >= 0, got {cfg.depth}, "
+                         f"{cfg.decoder_depth}, {cfg.mixer_depth}")
+    if cfg.mlp_ratio <= 0:
+        raise ValueError(f"model.mlp_ratio must be positive, got {cfg.mlp_ratio:g}")
+    if cfg.width % 4:
+        raise ValueError(f"model.width={cfg.width} must be divisible by 4 (2-D sin-cos positions)")
+    if cfg.width % cfg.heads:
+        raise ValueError(f"model.width={cfg.width} is not divisible by model.heads={cfg.heads}")
+    if cfg.long_skip not in LONG_SKIPS or cfg.skip_scale not in SKIP_SCALES:
+        raise ValueError(f"model.long_skip must be {'|'.join(LONG_SKIPS)} and model.skip_scale "
+                         f"{'|'.join(SKIP_SCALES)}; got {cfg.long_skip!r}, {cfg.skip_scale!r}")
+    if image_size is not None and image_size % cfg.patch_size:
+        raise ValueError(f"model.patch_size={cfg.patch_size} does not divide the {image_size}-pixel input")
