@@ -28,8 +28,8 @@ from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import VOCAB_SIZE
-from maskbench.train.loop import step_flops
-from maskbench.train.objective import in_window, sample_t, windowed_flow_loss
+from maskbench.train.schedule import batch_step_flops
+from maskbench.models.objective import in_window, sample_t, windowed_flow_loss
 
 
 class ArmStep:
@@ -55,7 +55,7 @@ class ArmStep:
         keep_idx = random_keep_idx(b, model.seq_len, mask_ratio, generator=generator, device=self.device,
                                    grid=model.grid, structured=cfg.model.structured_mask)
         noise = torch.randn_like(self.x0)                                               # B×C×H×W
-        flops = step_flops(cfg, self.data, mask_ratio, int(in_window(t, cfg.train.downscale_window).sum()))
+        flops = batch_step_flops(cfg, self.data, mask_ratio, int(in_window(t, cfg.train.downscale_window).sum()))
         _sync(self.device)
         start = time.perf_counter()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):

@@ -28,7 +28,7 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.train.flops import train_step_flops
 from maskbench.train.mfu import device_peak
-from maskbench.train.objective import interpolate, velocity_loss
+from maskbench.models.objective import interpolate, velocity_loss
 
 # name -> (model, image size, channels, context dim, context length, synth text encoder, default batch)
 SETTINGS = {

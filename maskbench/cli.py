@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from maskbench.config import ConfigError, arm_settings, format_arm, known_arms, load_config, shipped_arm
+from maskbench.config import UserError, arm_settings, format_arm, known_arms, load_config, shipped_arm
 
 EXAMPLES = """examples:
   maskbench run arm=mask75_then0                 train one arm on the embedded default
@@ -32,17 +32,12 @@ def fail(message: str, code: int = 2) -> int:
 def train_one(cfg) -> int:
     """Train one validated config; the exit code (2 bad input, 1 training failed, 130 interrupted)."""
     from maskbench.data.shards import TooManyBadSamples
-    from maskbench.eval.fid import MissingWeights
-    from maskbench.train.loop import Trainer, TrainingStopped
+    from maskbench.runs.launch import make_trainer
+    from maskbench.train.loop import TrainingStopped
 
-    try:
-        trainer = Trainer(cfg)
-    except (ConfigError, ValueError, MissingWeights) as err:
-        return fail(str(err))
+    trainer = make_trainer(cfg)  # bad input raises UserError: main() reports it
     try:
         run_dir = trainer.fit()
-    except ConfigError as err:
-        return fail(str(err))
     except (TooManyBadSamples, TrainingStopped) as err:
         return fail(str(err), code=1)
     finally:
@@ -54,20 +49,13 @@ def train_one(cfg) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args.overrides)
-    except ConfigError as err:
-        return fail(str(err))
-    return train_one(cfg)
+    return train_one(load_config(args.overrides))
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from maskbench.train.sweep import launch_lines, plan_sweep
 
-    try:
-        runs = plan_sweep(args.overrides)
-    except ConfigError as err:
-        return fail(str(err))
+    runs = plan_sweep(args.overrides)
     if args.emit:
         print(launch_lines(runs, args.emit, args.nproc))
         return 0
@@ -91,10 +79,7 @@ def cmd_arms(args: argparse.Namespace) -> int:
 def cmd_data_synth(args: argparse.Namespace) -> int:
     from maskbench.data.dataset import resolve_dataset
 
-    try:
-        cfg = load_config(args.overrides)
-    except ConfigError as err:
-        return fail(str(err))
+    cfg = load_config(args.overrides)
     if cfg.data.name != "synth":
         return fail("`maskbench data synth` builds data=synth only")
     info = resolve_dataset(cfg.data, cfg.paths.data)
@@ -106,8 +91,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.target == "reference":
         return cmd_eval_reference(args.rest)
     from maskbench.config import load_run_config, with_eval_overrides
-    from maskbench.eval.fid import MissingWeights
-    from maskbench.eval.reevaluate import evaluate_run
+    from maskbench.runs.reevaluate import evaluate_run
 
     # REMAINDER keeps `reference`'s own options whole, so options after RUN_DIR are parsed here.
     rest = argparse.ArgumentParser(prog="maskbench eval RUN_DIR")
@@ -115,11 +99,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rest.add_argument("overrides", nargs="*")
     extra = rest.parse_intermixed_args(args.rest)
     points, overrides = (args.point or []) + extra.point, extra.overrides
-    try:
-        cfg = load_run_config(args.target)
-        rows = evaluate_run(args.target, points or None, overrides=with_eval_overrides(cfg, overrides))
-    except (ConfigError, ValueError, MissingWeights) as err:
-        return fail(str(err).splitlines()[0])
+    cfg = load_run_config(args.target)
+    rows = evaluate_run(args.target, points or None, overrides=with_eval_overrides(cfg, overrides))
     for row in rows:
         metrics = ", ".join(f"{k} {row[k]:.4g}" for k in ("val_loss", "fid", "align_acc", "clip_score")
                             if row.get(k) is not None)
@@ -128,10 +109,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_reference(argv: list[str]) -> int:
-    from maskbench.eval.fid import MissingWeights
-    from maskbench.eval.reference import build_reference
-
     from maskbench.config import EvalConfig
+    from maskbench.eval.reference import build_reference
 
     parser = argparse.ArgumentParser(prog="maskbench eval reference",
                                      description="Build FID reference statistics (Inception, clean-fid mode "
@@ -152,11 +131,7 @@ def cmd_eval_reference(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     out = args.out or args.src / "inception_stats.npz"
     dinov2 = (args.dinov2_model, args.dinov2_weights) if args.dinov2_weights else None
-    try:
-        found = build_reference(args.src, out, args.inception_weights, args.size, args.limit, args.device,
-                                dinov2=dinov2)
-    except (ValueError, MissingWeights) as err:
-        return fail(str(err))
+    found = build_reference(args.src, out, args.inception_weights, args.size, args.limit, args.device, dinov2=dinov2)
     for stats in found:
         print(f"reference statistics of {stats.n} images at {stats.resolution or 'native'}px ({stats.features_name}) "
               f"from {stats.source}")
@@ -176,7 +151,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from maskbench.results.leaderboard import leaderboard_main
+    from maskbench.results.report import leaderboard_main
 
     paths = args.csvs or [p for p in ("results/leaderboard.csv", "results/reference.csv") if Path(p).is_file()]
     if not paths:
@@ -185,13 +160,10 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
-    from maskbench.eval.gradfid import format_table, probe_gradfid
+    from maskbench.runs.gradfid import format_table, probe_gradfid
 
-    try:
-        rows = probe_gradfid(args.run_dir, args.bins, args.batches, args.batch_size, args.seed,
-                             max_memory_gb=args.max_memory_gb)
-    except (ConfigError, ValueError) as err:
-        return fail(str(err).splitlines()[0])
+    rows = probe_gradfid(args.run_dir, args.bins, args.batches, args.batch_size, args.seed,
+                         max_memory_gb=args.max_memory_gb)
     out = Path(args.run_dir) / "probe"
     print(f"wrote {out / 'gradfid.csv'} and {out / 'gradfid.png'}")
     print(format_table(rows))
@@ -263,7 +235,7 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
 
 
 def add_repro(repro: argparse.ArgumentParser) -> None:
-    from maskbench.results.repro import add_repro_arguments
+    from maskbench.runs.repro import add_repro_arguments
 
     add_repro_arguments(repro)
 
@@ -330,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserError as err:  # bad input: one line, exit 2 (anything else is a bug: its traceback shows)
+        return fail(str(err).strip().splitlines()[0])
 
 
 if __name__ == "__main__":

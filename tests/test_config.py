@@ -76,14 +76,18 @@ def test_console_script_help_lists_subcommands():
         assert command in out.stdout
 
 
-def test_config_error_is_a_value_error():
-    with pytest.raises(ConfigError):
-        load_config(["eval.points=[0.0]"])
+@pytest.mark.parametrize("override", ["eval.points=[0.0]", "train.batch_size=many", "train.no_such_key=1"])
+def test_config_error_is_a_value_error(override):
+    """Code that catches ValueError catches every bad config: one refused by validation and ones Hydra
+    refuses (its errors are not ValueErrors), each as a ConfigError rather than whatever raised it."""
+    with pytest.raises(ValueError) as raised:
+        load_config([override])
+    assert raised.type is ConfigError
 
 
 def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other():
     from maskbench.data.dataset import resolve_dataset
-    from maskbench.train.loop import make_schedule
+    from maskbench.train.schedule import make_schedule
 
     spent = {}
     for arm in known_arms():

@@ -21,7 +21,8 @@ from maskbench.config import load_config
 from maskbench.data.shards import make_loader
 from maskbench.eval.evaluate import load_samples
 from maskbench.results.leaderboard import read_rows
-from maskbench.train.loop import Trainer, batch_digest, train
+from maskbench.runs.launch import train
+from maskbench.train.loop import Trainer, batch_digest
 from tests.conftest import tiny_overrides
 
 LOSS_RTOL = 1e-5   # float32 summation order; observed bit-identical on CPU

@@ -10,7 +10,7 @@ from maskbench.cli import main
 from maskbench.config import load_config
 from maskbench.eval import standins
 from maskbench.results.leaderboard import read_rows
-from maskbench.train.loop import train
+from maskbench.runs.launch import train
 from tests.conftest import tiny_overrides
 
 

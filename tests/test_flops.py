@@ -13,7 +13,8 @@ from maskbench.models.dit import DiT, ModelConfig
 from maskbench.models.presets import PRESETS
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
-from maskbench.train.flops import plan_phases, sample_step_flops, train_step_flops
+from maskbench.train.flops import sample_step_flops, train_step_flops
+from maskbench.train.schedule import plan_phases
 
 BATCH = 2
 CLIP_H_WIDTH, CLIP_LEN = 1024, 77  # precomputed open_clip ViT-H-14 text tokens on real data
@@ -137,7 +138,7 @@ def test_plan_gives_each_phase_whole_steps_of_its_share() -> None:
     assert [p.mask_ratio for p in plans] == [0.75, 0.0]
     for plan, fraction in zip(plans, (0.75, 0.25)):
         per_step = _tiny_step_flops(plan.mask_ratio)
-        assert plan.step_flops == (per_step,) * plan.steps
+        assert plan.flops_per_step == (per_step,) * plan.steps
         assert fraction * 1.5e13 - per_step < plan.flops <= fraction * 1.5e13
 
 

@@ -13,10 +13,10 @@ import torch
 
 from maskbench.cli import main
 from maskbench.config import ConfigError, load_config
-from maskbench.eval import gradfid
-from maskbench.eval.gradfid import probe_gradfid
+from maskbench.runs import gradfid
+from maskbench.runs.gradfid import probe_gradfid
 from maskbench.results.stats import debiased_cosine
-from maskbench.train.loop import train
+from maskbench.runs.launch import train
 from tests.conftest import tiny_overrides
 
 DIM, N, TRUE_COS, NOISE = 2000, 16, 0.6, 0.1  # per-coordinate noise: |noise|² = 20 × |signal|²

@@ -27,7 +27,7 @@ from maskbench.eval.fid import STANDIN_FEATURES_NAME, FeatureStats, InceptionFea
 from maskbench.eval.oracle import load_oracle
 from maskbench.eval.sample import fixed_noise, to_uint8
 from maskbench.results.leaderboard import read_rows
-from maskbench.train.loop import train
+from maskbench.runs.launch import train
 
 
 @pytest.fixture

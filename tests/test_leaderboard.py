@@ -9,7 +9,8 @@ import pytest
 from filelock import FileLock
 
 from maskbench.results import leaderboard
-from maskbench.results.leaderboard import COLUMNS, append_rows, leaderboard_main, read_rows
+from maskbench.results.leaderboard import COLUMNS, append_rows, read_rows
+from maskbench.results.report import leaderboard_main
 
 REPO = Path(__file__).resolve().parents[1]
 N_PROCESSES, ROWS_EACH, BATCH = 8, 50, 10

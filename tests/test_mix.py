@@ -8,7 +8,7 @@ from functools import partial
 from maskbench.config import load_config
 from maskbench.data.shards import decode_image_caption, make_loader
 from maskbench.data.synth import write_synth
-from maskbench.train.loop import train
+from maskbench.runs.launch import train
 from tests.conftest import tiny_overrides
 
 

@@ -133,11 +133,25 @@ def test_masked_forward_equals_full_forward_at_kept_tokens_without_a_backbone(mi
 
 
 def test_backbone_attention_sees_only_kept_tokens() -> None:
-    model = _model(_cfg())
+    """Without patch-mixer blocks the drop comes first: a dropped patch's pixels reach no output, while a kept
+    patch's pixels reach every other kept token of its sample through the backbone's self-attention."""
+    model = _model(_cfg(mixer_depth=0))
     x, t, ids, mask = _inputs(model)
     keep = random_keep_idx(BATCH, model.seq_len, 0.75, torch.Generator().manual_seed(0))
-    rows = torch.arange(BATCH)[:, None]
-    assert not torch.allclose(model(x, t, ids, mask, keep), model(x, t, ids, mask)[rows, keep])
+    out = model(x, t, ids, mask, keep)                                              # B×K×P
+
+    def with_patch_changed(token: int) -> torch.Tensor:
+        """The output after adding 1 to every pixel of sample 0's patch `token`."""
+        (row, col), p = divmod(token, model.grid[1]), model.patch_size
+        changed = x.clone()
+        changed[0, :, row * p:(row + 1) * p, col * p:(col + 1) * p] += 1
+        return model(changed, t, ids, mask, keep)
+
+    dropped = next(i for i in range(model.seq_len) if i not in keep[0])
+    assert torch.equal(with_patch_changed(dropped), out)
+    moved = with_patch_changed(keep[0, 0].item())
+    assert all(not torch.allclose(moved[0, k], out[0, k]) for k in range(1, keep.shape[1]))
+    assert torch.equal(moved[1:], out[1:])
 
 
 def test_caption_dropout_changes_only_dropped_samples_and_ignores_their_caption() -> None:

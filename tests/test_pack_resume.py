@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -13,7 +12,8 @@ import pytest
 from tests.fixtures_real import (
     brushdata_members, cut_after_member, image_bytes, make_brushdata, make_journeydb, write_tar,
 )
-from maskbench.data.pack import PackOptions, add_pack_arguments, iter_tar_samples, pack
+from maskbench.cli import main
+from maskbench.data.pack import PackOptions, iter_tar_samples, pack
 from maskbench.data.shards import read_manifest, shard_urls
 from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.sources.journeydb import plan_journeydb
@@ -24,10 +24,7 @@ PER_SAMPLE = len(brushdata_members("0", b"", b""))  # tar members per BrushData 
 
 def pack_cli(raw: Path, out: Path, capsys: pytest.CaptureFixture) -> list[str]:
     """Run `maskbench data pack brushdata RAW --out OUT` (2 samples a shard); its printed lines."""
-    parser = argparse.ArgumentParser()
-    add_pack_arguments(parser.add_subparsers())
-    args = parser.parse_args(["pack", "brushdata", str(raw), "--out", str(out), "--maxcount", "2", "--no-progress"])
-    assert args.func(args) == 0
+    assert main(["data", "pack", "brushdata", str(raw), "--out", str(out), "--maxcount", "2", "--no-progress"]) == 0
     return capsys.readouterr().out.splitlines()
 
 

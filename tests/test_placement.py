@@ -17,6 +17,7 @@ from torch import nn
 from maskbench.config import load_config
 from maskbench.eval.sample import euler_sample
 from maskbench.results.leaderboard import read_rows
+from maskbench.runs.launch import make_trainer
 from maskbench.train.loop import Trainer
 from tests.conftest import tiny_overrides
 
@@ -52,7 +53,7 @@ def test_the_sampler_stays_on_the_noises_device(tmp_path: Path, synth_root: Path
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_short_run_trains_and_evaluates_on_cuda(tmp_path: Path, synth_root: Path) -> None:
-    trainer = Trainer(load_config(tiny_overrides(tmp_path, synth_root)))
+    trainer = make_trainer(load_config(tiny_overrides(tmp_path, synth_root)))
     trainer.fit()
     assert {t.device.type for t in trainer.ema.model.state_dict().values()} == {"cuda"}
     rows = read_rows([tmp_path / "leaderboard.csv"])

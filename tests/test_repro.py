@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from maskbench.config import load_config
 from maskbench.cli import main
-from maskbench.results.repro import repro_main
-from maskbench.train.loop import train
+from maskbench.runs.repro import repro_main
+from maskbench.runs.launch import train
 from tests.conftest import tiny_overrides
 
 

@@ -26,6 +26,7 @@ from maskbench.data.shards import (
     shard_urls,
 )
 from maskbench.data.synth import write_synth
+from maskbench.files import sha256_file, write_atomic, write_json_atomic
 
 PNG = (np.arange(4 * 5 * 3) * 7 % 256).astype(np.uint8).reshape(4, 5, 3)
 
@@ -131,6 +132,19 @@ def test_writer_rejects_bad_input_and_leaves_no_manifest_on_error(tmp_path):
         shard_urls(tmp_path / "missing")
 
 
+def test_atomic_writes_replace_whole_files_and_leave_no_temporary_one(tmp_path):
+    path = tmp_path / "f.json"
+    write_atomic(path, "old")
+    write_atomic(path, b"\x00new")
+    assert path.read_bytes() == b"\x00new"
+    write_json_atomic(path, {"b": 1, "a": [1]})
+    assert path.read_text() == '{\n  "b": 1,\n  "a": [\n    1\n  ]\n}\n'
+    write_json_atomic(path, {"b": 1, "a": 2}, indent=1, sort_keys=True, newline=False)
+    assert path.read_text() == '{\n "a": 2,\n "b": 1\n}'
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+    assert sha256_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 # ----------------------------------------------------------------------------- decoding
 
 
@@ -226,6 +240,16 @@ def test_corrupt_samples_are_skipped_and_counted(tmp_path, num_workers):
         "undecodable_image", "empty_caption", "non_utf8_text", "missing_caption", "duplicate_key", "truncated_tar"
     }
     assert sum(loader.bad_counts().values()) < loader.seen()
+
+
+def test_loader_groups_members_by_the_rule_packing_and_verify_use(tmp_path):
+    # A repeated field starts a new group (so the first occurrence wins and the repeat is a
+    # duplicate key), and a member name without a field is dropped rather than crashing the loader.
+    members = good_members("a") + [("a.txt", b"again"), ("nofield", b"x")] + good_members("b")
+    loader = make_loader(raw_shard_dir(tmp_path / "shards", {"r.tar": members}), **LOADER)
+    batches = take(loader, 3)
+    assert {(k, c) for b in batches for k, c in zip(b["key"], b["caption"])} == {("a", "caption a"), ("b", "caption b")}
+    assert set(loader.bad_counts()) == {"duplicate_key"}
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

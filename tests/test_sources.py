@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import shutil
@@ -16,7 +15,8 @@ from tests.fixtures_real import (
     add_symlink, bomb_png, brushdata_members, image_bytes, internvl_record, journeydb_record, make_brushdata,
     make_journeydb, make_sa1b, sa1b_members, truncate, write_jsonl, write_tar,
 )
-from maskbench.data.pack import PackOptions, add_pack_arguments, iter_tar_samples, pack
+from maskbench.cli import main
+from maskbench.data.pack import PackOptions, iter_tar_samples, pack
 from maskbench.data.shards import read_manifest, shard_urls
 from maskbench.data.sources.brushdata import decode_brushdata_rle, plan_brushdata
 from maskbench.data.sources.journeydb import plan_journeydb
@@ -99,15 +99,12 @@ def test_bad_inputs_are_skipped_and_counted(tmp_path: Path) -> None:
 
 
 def test_cli_refuses_a_missing_input_and_packs_a_real_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    parser = argparse.ArgumentParser()
-    add_pack_arguments(parser.add_subparsers())
-    args = parser.parse_args(["pack", "brushdata", str(tmp_path / "nope.tar"), "--out", str(tmp_path / "o")])
-    assert args.func(args) == 2
-    assert capsys.readouterr().err.strip() == f"error: input not found: {tmp_path / 'nope.tar'}"
+    assert main(["data", "pack", "brushdata", str(tmp_path / "nope.tar"), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == f"maskbench: error: input not found: {tmp_path / 'nope.tar'}"
     make_brushdata(tmp_path / "raw", shards=1, per_shard=2)
-    args = parser.parse_args(["pack", "brushdata", str(tmp_path / "raw"), "--out", str(tmp_path / "o"),
-                              "--size", "32", "--no-progress"])
-    assert args.func(args) == 0 and read_manifest(tmp_path / "o")["total"] == 2
+    assert main(["data", "pack", "brushdata", str(tmp_path / "raw"), "--out", str(tmp_path / "o"), "--size", "32",
+                 "--no-progress"]) == 0
+    assert read_manifest(tmp_path / "o")["total"] == 2
 
 
 def test_packing_resumes_without_duplicates_or_partial_shards(tmp_path: Path) -> None:
@@ -154,15 +151,16 @@ def test_sa1b_joins_images_with_internvl_captions(tmp_path: Path) -> None:
     with open(jsonl, "a") as f:
         for image_id in (902, 903, 904):  # 904 has no image; 901 has no caption
             f.write(json.dumps(internvl_record("sa_000009", image_id, f"caption {image_id}")) + "\n")
+        f.write(json.dumps(internvl_record("sa_000009", 902, "a second caption")) + "\n")  # the first one stays
         f.write('{"image": "sa_000009/sa_905.jpg"\n')
     manifest = pack(tmp_path / "out", "sa1b", plan_sa1b([tars], [jsonl]), QUIET, progress=False)
     samples = packed(tmp_path / "out")
-    assert sorted(samples) == sorted([*expected, "sa_902"])
+    assert sorted(samples) == sorted([*expected, "sa_902"]) and samples["sa_902"]["txt"] == b"caption 902"
     for key, want in expected.items():
         assert samples[key]["txt"].decode() == want.caption and samples[key]["jpg"] == want.image
         assert json.loads(samples[key]["json"])["image_id"] == want.meta["image_id"]
     assert manifest["skipped"] == {"bad_caption_record": 1, "bad_json": 1, "caption_without_image": 1,
-                                   "image_without_caption": 1}
+                                   "duplicate_caption": 1, "image_without_caption": 1}
 
 
 @pytest.mark.parametrize("extracted", [(), ("001",)])

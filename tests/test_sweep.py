@@ -6,12 +6,11 @@ import subprocess
 
 from maskbench.cli import main
 from maskbench.results.leaderboard import read_rows
-from maskbench.train.sweep import expand_grid, split_values
+from maskbench.train.sweep import expand_grid
 from tests.conftest import tiny_overrides
 
 
 def test_grid_expands_swept_keys_and_keeps_bracketed_lists_whole():
-    assert split_values("[0.5,1.0]") == ["[0.5,1.0]"]
     grid = expand_grid(["arm=mask0,mask75", "seed=0,1,2", "eval.points=[0.5,1.0]"])
     assert len(grid) == 6
     assert grid[0] == ["arm=mask0", "seed=0", "eval.points=[0.5,1.0]"]

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from maskbench.cli import main
 from maskbench.config import load_config
 from maskbench.results.leaderboard import read_rows
-from maskbench.train.loop import train
+from maskbench.runs.launch import train
 from tests.conftest import tiny_overrides
 
 

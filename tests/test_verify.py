@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import tarfile
@@ -11,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures_real import make_brushdata
+from maskbench.cli import main
 from maskbench.data.pack import PackOptions, pack
 from maskbench.data.sources.brushdata import plan_brushdata
-from maskbench.data.verify import add_verify_arguments, verify
+from maskbench.data.verify import verify
 
 
 @pytest.fixture
@@ -24,10 +24,7 @@ def shards(tmp_path: Path) -> Path:
 
 
 def run_cli(directory: Path) -> int:
-    parser = argparse.ArgumentParser()
-    add_verify_arguments(parser.add_subparsers())
-    args = parser.parse_args(["verify", str(directory)])
-    return args.func(args)
+    return main(["data", "verify", str(directory)])
 
 
 def test_fresh_shards_pass(shards: Path) -> None:

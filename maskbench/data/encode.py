@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,9 +32,10 @@ from accelerate import Accelerator
 from PIL import ImageOps
 from torchvision.transforms.functional import pil_to_tensor
 
-from maskbench.data.pack import Skip, claim_output, commit_unit, iter_tar_samples, merge_parts, run_units, sha256_file, unit_done
-from maskbench.data.shards import (IMAGE_EXTS, TAR_MTIME, BadSample, decode_image, decode_json, decode_text, encode_npy,
-                                    read_manifest)
+from maskbench.config import ConfigError
+from maskbench.data.pack import claim_output, commit_unit, iter_tar_samples, merge_parts, run_units, unit_done
+from maskbench.data.shards import (IMAGE_EXTS, TAR_MTIME, BadSample, Skip, decode_image, decode_json, decode_text,
+                                    encode_npy, read_manifest, shard_entry)
 
 LATENT_DTYPE = np.float16
 
@@ -56,7 +56,7 @@ class TextTower(torch.nn.Module):
         super().__init__()
         clip = open_clip.create_model(name, pretrained=weights)
         if not hasattr(clip, "token_embedding"):
-            raise ValueError(f"open_clip model {name} has no built-in text transformer; use a CLIP architecture")
+            raise ConfigError(f"open_clip model {name} has no built-in text transformer; use a CLIP architecture")
         self.token_embedding, self.positional_embedding = clip.token_embedding, clip.positional_embedding
         self.transformer, self.ln_final = clip.transformer, clip.ln_final
         self.register_buffer("attn_mask", clip.attn_mask, persistent=False)
@@ -76,9 +76,9 @@ class Encoders(torch.nn.Module):
     def __init__(self, opts: EncodeOptions) -> None:
         super().__init__()
         if not Path(opts.vae).is_dir():
-            raise ValueError(f"VAE folder not found: {opts.vae} (a diffusers AutoencoderKL saved with save_pretrained)")
+            raise ConfigError(f"VAE folder not found: {opts.vae} (a diffusers AutoencoderKL saved with save_pretrained)")
         if opts.text_weights is not None and not Path(opts.text_weights).is_file():
-            raise ValueError(f"text weights not found: {opts.text_weights} (an open_clip checkpoint for {opts.text_model})")
+            raise ConfigError(f"text weights not found: {opts.text_weights} (an open_clip checkpoint for {opts.text_model})")
         from diffusers import AutoencoderKL  # heavy; imported only when encoding
 
         self.vae = AutoencoderKL.from_pretrained(opts.vae)
@@ -88,7 +88,7 @@ class Encoders(torch.nn.Module):
         self.scaling_factor, self.shift_factor = config.scaling_factor, config.shift_factor or 0.0
         downsample = 2 ** (len(config.block_out_channels) - 1)
         if opts.resolution < downsample or opts.resolution % downsample:
-            raise ValueError(f"--resolution {opts.resolution} is not a multiple of the VAE's downsampling {downsample}")
+            raise ConfigError(f"--resolution {opts.resolution} is not a multiple of the VAE's downsampling {downsample}")
         self.latent_shape = (config.latent_channels, opts.resolution // downsample, opts.resolution // downsample)
 
     def describe(self, opts: EncodeOptions) -> dict[str, Any]:
@@ -177,7 +177,7 @@ class _ShardEncoder:
                     count += 1
         path, shards = tmp / name, []
         if count:
-            shards.append({"name": name, "count": count, "sha256": sha256_file(path), "bytes": path.stat().st_size})
+            shards.append(shard_entry(path, count))
         else:
             path.unlink()  # an input whose every sample was unreadable
         part = {"shards": shards, "total": count, "skipped": dict(skipped)}
@@ -228,16 +228,11 @@ def add_encode_arguments(subparsers: argparse._SubParsersAction) -> None:
 
 
 def encode_command(args: argparse.Namespace) -> int:
-    """CLI handler: 0 on success, 2 with one line on bad input."""
+    """CLI handler: 0 on success; bad input raises ConfigError (`maskbench` prints it, exit 2)."""
     opts = EncodeOptions(args.vae, args.text_model, args.text_weights, args.resolution, args.batch_size)
     if args.text_weights is None and not args.text_model.startswith("local-dir:"):
-        print(f"error: --text-weights FILE is needed for {args.text_model} (nothing is downloaded)", file=sys.stderr)
-        return 2
-    try:
-        manifest = encode(args.input, args.output, opts, progress=args.progress)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--text-weights FILE is needed for {args.text_model} (nothing is downloaded)")
+    manifest = encode(args.input, args.output, opts, progress=args.progress)
     if manifest is not None:
         print(f"encoded {manifest['total']} samples into {len(manifest['shards'])} latent shards in {args.output}")
     return 0

@@ -18,28 +18,28 @@ packed in batches of inputs into one folder.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import io
 import json
 import os
 import shutil
-import sys
 import tarfile
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
 from PIL import Image, ImageOps
 from tqdm import tqdm
 
-from maskbench.data.shards import FORMAT, PIL_FORMATS, CanonicalShardWriter, read_manifest
+from maskbench.config import ConfigError
+from maskbench.data.shards import (PIL_FORMATS, BadSample, CanonicalShardWriter, Skip, build_manifest, group_samples,
+                                    read_manifest)
+from maskbench.files import sha256_file, write_json_atomic  # sha256_file: benchmarks/loader.py imports it from here
 
 PACKER_VERSION = "1"
 PARTS = ".parts"  # one committed unit's manifest per file
@@ -48,6 +48,7 @@ SOURCES = ("brushdata", "sa1b", "journeydb")
 IMAGE_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 PICKLE_FIELDS = ("pyd", "pickle")
 ARCHIVE_FAILURES = ("bad_archive", "truncated_tar")  # skips that mean an input was not read to its end
+JSON_FORMAT = {"indent": 1, "sort_keys": True, "newline": False}  # how pack writes .options, parts, manifest.json
 # data_filter only needs a destination to resolve member paths against; nothing is extracted.
 _NOWHERE = "/maskbench-archive-root"
 T = TypeVar("T")
@@ -62,14 +63,6 @@ class Sample:
     caption: bytes | str | None
     meta: dict[str, Any]
     extra: dict[str, bytes] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Skip:
-    """Samples (or archives) left out, counted in the manifest under `reason`."""
-
-    reason: str
-    n: int = 1
 
 
 Item = Sample | Skip
@@ -114,25 +107,17 @@ class PackOptions:
 
     def __post_init__(self) -> None:
         if self.size is not None and self.size < 1:
-            raise ValueError(f"--size must be positive, got {self.size}")
+            raise ConfigError(f"--size must be positive, got {self.size}")
         if self.image_format not in IMAGE_FORMATS.values():
-            raise ValueError(f"--image-format must be one of {sorted(IMAGE_FORMATS.values())}")
+            raise ConfigError(f"--image-format must be one of {sorted(IMAGE_FORMATS.values())}")
         if self.max_caption_chars is not None and self.max_caption_chars < self.min_caption_chars:
-            raise ValueError("--max-caption-chars is smaller than --min-caption-chars")
+            raise ConfigError("--max-caption-chars is smaller than --min-caption-chars")
         if self.workers < 1 or self.maxcount < 1:
-            raise ValueError("--workers and --maxcount must be at least 1")
+            raise ConfigError("--workers and --maxcount must be at least 1")
 
     def filters(self) -> dict[str, Any]:
         """The options that change what is written (not how fast)."""
         return {k: v for k, v in asdict(self).items() if k not in ("workers", "maxcount")}
-
-
-class Rejected(Exception):
-    """A sample that fails validation; `reason` is the manifest's skip counter."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 # ---------------------------------------------------------------- validating one sample
@@ -141,21 +126,21 @@ class Rejected(Exception):
 def prepare_caption(raw: bytes | str | None, opts: PackOptions) -> str:
     """Decode and check a caption; rejects missing, non-UTF-8, empty and out-of-range text."""
     if raw is None:
-        raise Rejected("missing_caption")
+        raise BadSample("missing_caption")
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise Rejected("non_utf8_text") from None
+            raise BadSample("non_utf8_text") from None
     if not isinstance(raw, str):
-        raise Rejected("missing_caption")
+        raise BadSample("missing_caption")
     text = raw.strip()
     if not text:
-        raise Rejected("empty_caption")
+        raise BadSample("empty_caption")
     if len(text) < opts.min_caption_chars:
-        raise Rejected("caption_too_short")
+        raise BadSample("caption_too_short")
     if opts.max_caption_chars is not None and len(text) > opts.max_caption_chars:
-        raise Rejected("caption_too_long")
+        raise BadSample("caption_too_long")
     return text
 
 
@@ -168,9 +153,9 @@ def _open_image(data: bytes) -> Image.Image:
             img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
             img.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise Rejected("decompression_bomb") from None
+        raise BadSample("decompression_bomb") from None
     except (OSError, SyntaxError, ValueError, EOFError):  # UnidentifiedImageError and truncation are OSError
-        raise Rejected("undecodable_image") from None
+        raise BadSample("undecodable_image") from None
     return img
 
 
@@ -185,10 +170,10 @@ def _resize(img: Image.Image, size: int, crop: bool) -> Image.Image:
 def prepare_image(data: bytes | None, opts: PackOptions) -> tuple[bytes, str, int, int]:
     """Return (bytes, ext, width, height); original bytes are kept unless a resize is asked for."""
     if not data:
-        raise Rejected("missing_image")
+        raise BadSample("missing_image")
     img = _open_image(data)
     if min(img.size) < opts.min_side:
-        raise Rejected("too_small")
+        raise BadSample("too_small")
     if opts.size is None:
         return data, IMAGE_FORMATS[img.format], img.width, img.height
     img = img.convert("RGB")
@@ -224,17 +209,6 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _finished(key: str | None, fields: dict[str, bytes], seen: set[str]) -> Iterator[tuple[str, dict] | Skip]:
-    """Emit a completed group once; a key seen before in the archive is a duplicate."""
-    if key is None:
-        return
-    if key in seen:
-        yield Skip("duplicate_key")
-    else:
-        seen.add(key)
-        yield key, fields
-
-
 class _EndCheckedTarInfo(tarfile.TarInfo):
     """TarInfo whose archive ends only at the end-of-archive marker (a block of zeros).
 
@@ -254,36 +228,45 @@ class _EndCheckedTarInfo(tarfile.TarInfo):
             raise tarfile.ReadError(f"no end-of-archive marker: {err}") from None
 
 
-def iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]] | Skip]:
-    """Group a tar's contiguous members into (key path, {field: bytes}) like webdataset does.
+def _safe_members(tar: tarfile.TarFile) -> Iterator[tuple[str, str, Callable[[], bytes]] | Skip]:
+    """(key path, field, read) per file member, refused members as Skip (unread); folders are ignored."""
+    for member in tar:
+        if member.isdir():
+            continue
+        if problem := _member_problem(member):
+            yield Skip(problem)
+            continue
+        key, fieldname = _split_name(member.name)
+        yield key, fieldname, tar.extractfile(member).read
 
-    The tar is read as a stream and nothing is extracted to disk. A key seen before in the archive
-    (or a field repeated within a group) is a duplicate and skipped; the first occurrence wins.
-    A broken archive, including one that stops without its end-of-archive marker, ends the stream
-    with one Skip, dropping the group being read (its last members may be the ones cut off).
+
+def iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]] | Skip]:
+    """A tar's samples, (key path, {field: bytes}), grouped by `group_samples` as webdataset groups them.
+
+    Not webdataset's tar_file_iterator (the loader's reader): that one ends quietly at a tar cut at a
+    member boundary, skips links unseen and passes unsafe paths and pickle fields on, where packing
+    untrusted archives must refuse and count each. The tar is read as a stream and nothing is
+    extracted to disk. A broken archive, including one that stops without its end-of-archive
+    marker, ends the stream with one Skip and drops the group being read: "bad_archive" if it fails
+    while opening (which reads the first header, so nothing was read), "truncated_tar" after.
     """
-    seen: set[str] = set()
-    key: str | None = None
-    fields: dict[str, bytes] = {}
-    read_any = False
     try:
-        with tarfile.open(path, "r|*", tarinfo=_EndCheckedTarInfo) as tar:
-            for member in tar:
-                read_any = True
-                if member.isdir():
-                    continue
-                if problem := _member_problem(member):
-                    yield Skip(problem)
-                    continue
-                member_key, fieldname = _split_name(member.name)
-                if member_key != key or fieldname in fields:
-                    yield from _finished(key, fields, seen)
-                    key, fields = member_key, {}
-                fields[fieldname] = tar.extractfile(member).read()
+        tar = tarfile.open(path, "r|*", tarinfo=_EndCheckedTarInfo)
     except (tarfile.TarError, EOFError, OSError):
-        yield Skip("truncated_tar" if read_any else "bad_archive")
+        yield Skip("bad_archive")
         return
-    yield from _finished(key, fields, seen)
+    try:
+        with tar:
+            yield from group_samples(_safe_members(tar))
+    except (tarfile.TarError, EOFError, OSError):
+        yield Skip("truncated_tar")
+
+
+def tar_items(path: Path, to_item: Callable[[str, dict[str, bytes]], Item]) -> Iterator[Item]:
+    """A tar's samples as items, `to_item(key path, fields)`; its Skips (refused members, a cut
+    archive) pass through, so that a source adapter only handles samples."""
+    for item in iter_tar_samples(path):
+        yield item if isinstance(item, Skip) else to_item(*item)
 
 
 def existing_paths(paths: Iterable[str | Path], pattern: str) -> list[Path]:
@@ -295,25 +278,53 @@ def existing_paths(paths: Iterable[str | Path], pattern: str) -> list[Path]:
         elif p.is_file():
             found.append(p)
         else:
-            raise ValueError(f"input not found: {p}")
+            raise ConfigError(f"input not found: {p}")
     if not found:
-        raise ValueError(f"no {pattern} inputs found in {', '.join(map(str, paths))}")
+        raise ConfigError(f"no {pattern} inputs found in {', '.join(map(str, paths))}")
     return found
+
+
+Captions = dict[str, dict[str, str | None]]  # group (an archive stem or folder) -> file name -> caption
+
+
+def index_captions(
+    lines: Iterable[bytes], parse: Callable[[Any], tuple[str, str, str | None] | None], bad: str, duplicate: str
+) -> tuple[Captions, Counter]:
+    """Captions by group and file name from JSON lines, for sources that ship captions apart from images.
+
+    `parse` turns a record into (group, file name, caption), returns None for one not wanted here
+    (not counted), or raises BadSample(reason). A line that is not JSON, or a record `parse` cannot
+    read (ValueError, KeyError, TypeError, AttributeError), counts under `bad`; a file name seen
+    before in its group counts under `duplicate`, and the first one stays. Blank lines are ignored.
+    """
+    captions: Captions = defaultdict(dict)
+    skipped: Counter = Counter()
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            entry = parse(json.loads(line))
+        except BadSample as refused:
+            skipped[refused.reason] += 1
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError):
+            skipped[bad] += 1
+            continue
+        if entry is None:
+            continue
+        group, file_name, caption = entry
+        if file_name in captions[group]:
+            skipped[duplicate] += 1
+            continue
+        captions[group][file_name] = caption
+    return captions, skipped
 
 
 # ---------------------------------------------------------------- resumable per-unit output
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-
-
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _part_path(out_dir: Path, name: str) -> Path:
+    return out_dir / PARTS / f"{name}.json"
 
 
 def claim_output(out_dir: Path, header: dict[str, Any]) -> None:
@@ -322,18 +333,18 @@ def claim_output(out_dir: Path, header: dict[str, Any]) -> None:
     if path.exists():
         before = json.loads(path.read_text())
         if before != json.loads(json.dumps(header)):
-            raise ValueError(f"{out_dir} holds output made with other options ({before}); use a new folder")
+            raise ConfigError(f"{out_dir} holds output made with other options ({before}); use a new folder")
     else:
-        _write_json_atomic(path, header)
+        write_json_atomic(path, header, **JSON_FORMAT)
 
 
 def unit_done(out_dir: Path, name: str) -> bool:
-    return (out_dir / PARTS / f"{name}.json").exists()
+    return _part_path(out_dir, name).exists()
 
 
 def read_part(out_dir: Path, name: str) -> dict[str, Any] | None:
     """A committed unit's part manifest, or None when the unit was never committed."""
-    path = out_dir / PARTS / f"{name}.json"
+    path = _part_path(out_dir, name)
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -350,7 +361,8 @@ def commit_unit(out_dir: Path, name: str, tmp: Path, part: dict[str, Any]) -> No
             (out_dir / shard["name"]).unlink(missing_ok=True)
     for shard in part["shards"]:
         os.replace(tmp / shard["name"], out_dir / shard["name"])
-    _write_json_atomic(out_dir / PARTS / f"{name}.json", part)
+    (out_dir / PARTS).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_part_path(out_dir, name), part, **JSON_FORMAT)
     shutil.rmtree(tmp)
 
 
@@ -378,16 +390,8 @@ def merge_parts(out_dir: Path, header: dict[str, Any], skipped: dict[str, int]) 
     counts = Counter(skipped)
     for part in parts:
         counts.update(part["skipped"])
-    shards = [s for part in parts for s in part["shards"]]
-    manifest = {
-        "format": FORMAT,
-        **header,
-        "shards": shards,
-        "total": sum(s["count"] for s in shards),
-        "skipped": dict(sorted(counts.items())),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    _write_json_atomic(out_dir / "manifest.json", manifest)
+    manifest = build_manifest(header, [s for part in parts for s in part["shards"]], counts)
+    write_json_atomic(out_dir / "manifest.json", manifest, **JSON_FORMAT)
     return manifest
 
 
@@ -429,8 +433,8 @@ class _UnitPacker:
                 try:
                     caption = prepare_caption(item.caption, self.opts)
                     image, ext, width, height = prepare_image(item.image, self.opts)
-                except Rejected as rejected:
-                    writer.skip(rejected.reason)
+                except BadSample as bad:
+                    writer.skip(bad.reason)
                     continue
                 meta = {**item.meta, "width": width, "height": height}  # the writer adds source and id
                 writer.write(item.key, image, ext, caption, meta, item.extra or None)
@@ -478,10 +482,10 @@ def pack(out_dir: str | Path, source: str, plan: SourcePlan, opts: PackOptions, 
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is a file; give a folder for the shards and manifest.json")
+        raise ConfigError(f"--out {out_dir} is a file; give a folder for the shards and manifest.json")
     names = [u.name for u in plan.units]
     if len(set(names)) != len(names):
-        raise ValueError(f"two inputs share a name: {sorted(n for n, c in Counter(names).items() if c > 1)}")
+        raise ConfigError(f"two inputs share a name: {sorted(n for n, c in Counter(names).items() if c > 1)}")
     filters = {**opts.filters(), **plan.filters}
     header = {"source": source, "packer_version": PACKER_VERSION, "filters": filters}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -521,20 +525,16 @@ def add_pack_arguments(subparsers: argparse._SubParsersAction) -> None:
 
 
 def pack_command(args: argparse.Namespace) -> int:
-    """CLI handler: 0 on success, 2 with one line on bad input."""
+    """CLI handler: 0 on success; bad input raises ConfigError (`maskbench` prints it, exit 2)."""
+    opts = PackOptions(
+        size=args.size, crop=args.crop, min_side=args.min_side, min_caption_chars=args.min_caption_chars,
+        max_caption_chars=args.max_caption_chars, image_format=args.image_format,
+        maxcount=args.maxcount, workers=args.workers,
+    )
     try:
-        opts = PackOptions(
-            size=args.size, crop=args.crop, min_side=args.min_side, min_caption_chars=args.min_caption_chars,
-            max_caption_chars=args.max_caption_chars, image_format=args.image_format,
-            maxcount=args.maxcount, workers=args.workers,
-        )
         manifest = pack(args.out, args.source, args.plan_from_args(args), opts, progress=args.progress, log=print)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except OSError as err:  # an input the user named that cannot be read (permissions, a folder, ...)
-        print(f"error: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"cannot read {err.filename}: {err.strerror}") from None
     skipped = ", ".join(f"{k}={v}" for k, v in manifest["skipped"].items()) or "none"
     print(f"packed {manifest['total']} samples into {len(manifest['shards'])} shards in {args.out}; skipped: {skipped}")
     if failed := {k: v for k, v in manifest["skipped"].items() if k in ARCHIVE_FAILURES}:

@@ -13,19 +13,18 @@ long run, up to a bad fraction past which it stops with `TooManyBadSamples`.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import itertools
 import json
 import math
 import os
 import tarfile
 import warnings
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +32,9 @@ import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+from maskbench.config import ConfigError
+from maskbench.files import sha256_file, write_json_atomic
 
 FORMAT = "maskbench-shards-v1"
 IMAGE_EXTS = ("png", "jpg", "webp")
@@ -43,16 +45,26 @@ TAR_MTIME = 0  # fixed, so the same samples give byte-identical shards; an int (
 # ----------------------------------------------------------------------------- writing
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON through a temporary file and os.replace, so readers never see half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+def shard_entry(path: Path, count: int) -> dict[str, Any]:
+    """A finished shard as the manifest lists it: what `verify` checks the file against."""
+    return {"name": path.name, "count": count, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def build_manifest(header: Mapping[str, Any], shards: list[dict], skipped: Mapping[str, int]) -> dict[str, Any]:
+    """The manifest of a shard directory, whoever writes it: the writer, or the merge of parts (pack, encode).
+
+    `header` holds source, packer_version, filters (and, for latent shards, latent); the total is
+    derived from the shard entries and the skip counts are sorted by reason, so the same shards and
+    counts give the same manifest, apart from created_at.
+    """
+    return {
+        "format": FORMAT,
+        **header,
+        "shards": shards,
+        "total": sum(s["count"] for s in shards),
+        "skipped": dict(sorted(skipped.items())),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 class CanonicalShardWriter:
@@ -97,9 +109,7 @@ class CanonicalShardWriter:
         if self._sink.count == 0:  # ShardWriter opens its first file eagerly; drop it if unused
             path.unlink()
             return
-        self.shards.append(
-            {"name": path.name, "count": self._sink.count, "sha256": _sha256(path), "bytes": path.stat().st_size}
-        )
+        self.shards.append(shard_entry(path, self._sink.count))
 
     def write(
         self,
@@ -142,17 +152,9 @@ class CanonicalShardWriter:
     def close(self) -> dict:
         """Finish the last shard and write manifest.json; returns the manifest."""
         self._sink.close()
-        manifest = {
-            "format": FORMAT,
-            "source": self.source,
-            "packer_version": self.packer_version,
-            "filters": self.filters,
-            "shards": self.shards,
-            "total": sum(s["count"] for s in self.shards),
-            "skipped": dict(sorted(self.skipped.items())),
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        _write_json_atomic(self.out_dir / "manifest.json", manifest)
+        header = {"source": self.source, "packer_version": self.packer_version, "filters": self.filters}
+        manifest = build_manifest(header, self.shards, self.skipped)
+        write_json_atomic(self.out_dir / "manifest.json", manifest)
         return manifest
 
     def __enter__(self) -> CanonicalShardWriter:
@@ -169,10 +171,10 @@ def read_manifest(shard_dir: str | os.PathLike) -> dict:
     """Load a shard directory's manifest.json (the marker of a complete directory)."""
     path = Path(shard_dir) / "manifest.json"
     if not path.is_file():
-        raise ValueError(f"no shard manifest at {path}; build the shards first (maskbench data synth|pack)")
+        raise ConfigError(f"no shard manifest at {path}; build the shards first (maskbench data synth|pack)")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} manifest (format={manifest.get('format')!r})")
+        raise ConfigError(f"{path} is not a {FORMAT} manifest (format={manifest.get('format')!r})")
     return manifest
 
 
@@ -181,11 +183,61 @@ def shard_urls(shard_dir: str | os.PathLike) -> list[str]:
     return [str(Path(shard_dir) / s["name"]) for s in read_manifest(shard_dir)["shards"]]
 
 
+# ----------------------------------------------------------------------------- grouping tar members
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Samples (or archives) left out, counted under `reason` (in a manifest, or by the loader)."""
+
+    reason: str
+    n: int = 1
+
+
+def _finished(key: str | None, fields: dict[str, bytes], seen: set[str]) -> Iterator[tuple[str, dict] | Skip]:
+    """Emit a completed group once; a key seen before in the archive is a duplicate."""
+    if key is None:
+        return
+    if key in seen:
+        yield Skip("duplicate_key")
+    else:
+        seen.add(key)
+        yield key, fields
+
+
+def group_samples(
+    members: Iterable[tuple[str | None, str, bytes | Callable[[], bytes]] | Skip],
+) -> Iterator[tuple[str, dict[str, bytes]] | Skip]:
+    """Group a tar's members, (key, field, data) in archive order, into (key, {field: bytes}).
+
+    The one rule of what a sample is, for both tar readers (the loader's and `pack.iter_tar_samples`):
+    a new key, or a field already in the group, starts a new group; a key seen before in the
+    archive is Skip("duplicate_key"), so the first occurrence wins. A None key (a name without a
+    field) is dropped; Skip members pass through in order. A group is emitted only once the next
+    one starts or the members end, so an error raised by `members` drops the group being read
+    (its last fields may be the ones cut off). `data` may be a function reading the bytes: it is
+    called only once the group before is emitted, so a tar cut inside a member still gives that one.
+    """
+    seen: set[str] = set()
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    for member in members:
+        if isinstance(member, Skip):
+            yield member
+            continue
+        member_key, fieldname, data = member
+        if member_key != key or fieldname in fields:
+            yield from _finished(key, fields, seen)
+            key, fields = member_key, {}
+        fields[fieldname] = data() if callable(data) else data
+    yield from _finished(key, fields, seen)
+
+
 # ----------------------------------------------------------------------------- decoding
 
 
 class BadSample(Exception):
-    """A sample the loader skips and counts under `reason` (never a bug in the code)."""
+    """A sample (or record) skipped and counted under `reason` by the loader, packing or verify; never a bug."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -294,25 +346,27 @@ class BadSampleCounter:
             )
 
 
-def _shard_samples(url: str, counter: BadSampleCounter) -> Iterator[dict]:
-    """Group one tar's members into samples; duplicate keys and truncation are counted, not fatal.
+def _webdataset_split(name: str) -> tuple[str | None, str]:
+    """webdataset's key rule (`base_plus_ext`), field lower-cased; the key is None for a name without a field."""
+    key, fieldname = base_plus_ext(name)
+    return key, (fieldname or "").lower()
 
-    A key seen again later in the same shard, or a field repeated within a sample, drops that
-    sample; a truncated or unreadable tar ends the shard there, losing the sample being read.
+
+def _shard_samples(url: str, counter: BadSampleCounter) -> Iterator[dict]:
+    """One shard's samples (`group_samples`); duplicate keys and truncation are counted, not fatal.
+
+    Read with webdataset's tar_file_iterator, not `pack.iter_tar_samples`: every member must reach
+    `decode` as bytes, pickle fields included (decode decides, nothing is unpickled), and that one
+    refuses them. A truncated or unreadable tar ends the shard there, losing the sample being read.
     """
-    seen_keys: set[str] = set()
     try:
         with open(url, "rb") as stream:
-            members = tar_file_iterator(stream)
-            for key, group in itertools.groupby(members, key=lambda m: base_plus_ext(m["fname"])[0]):
-                files = [(base_plus_ext(m["fname"])[1].lower(), m["data"]) for m in group]
-                if key is None:
+            members = ((*_webdataset_split(m["fname"]), m["data"]) for m in tar_file_iterator(stream))
+            for item in group_samples(members):
+                if isinstance(item, Skip):
+                    counter.add(item.reason)
                     continue
-                fields = dict(files)
-                if key in seen_keys or len(fields) < len(files):
-                    counter.add("duplicate_key")
-                    continue
-                seen_keys.add(key)
+                key, fields = item
                 yield {"__key__": key, "__url__": url, **fields}
     except (tarfile.TarError, EOFError, OSError):
         counter.add("truncated_tar")

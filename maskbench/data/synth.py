@@ -21,6 +21,7 @@ from filelock import FileLock
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from maskbench.config import ConfigError
 from maskbench.data.shards import CanonicalShardWriter, read_manifest
 
 SHAPES = ("circle", "square", "triangle")
@@ -72,7 +73,7 @@ class Scene:
 def sample_scene(rng: np.random.Generator, min_objects: int = 1, max_objects: int = 3) -> Scene:
     """Draw 1–3 (by default) objects with uniform attributes in distinct, uniformly chosen cells."""
     if not 1 <= min_objects <= max_objects <= len(POSITIONS):
-        raise ValueError(f"need 1 <= min_objects <= max_objects <= {len(POSITIONS)}; got {min_objects}, {max_objects}")
+        raise ConfigError(f"need 1 <= min_objects <= max_objects <= {len(POSITIONS)}; got {min_objects}, {max_objects}")
     n = int(rng.integers(min_objects, max_objects + 1))
     cells = np.sort(rng.permutation(len(POSITIONS))[:n])
     attributes = rng.integers(0, (len(SHAPES), len(COLOURS), len(SIZES)), size=(n, 3))  # n×3 indices
@@ -102,7 +103,7 @@ def _stamp(shape: str, extent: int) -> np.ndarray:
 def render(scene: Scene, rng: np.random.Generator, image_size: int = 32) -> np.ndarray:
     """Draw the scene on a black canvas; `rng` supplies the position and brightness jitter. -> H×W×3 uint8."""
     if image_size < 16 or image_size % 2:
-        raise ValueError(f"image_size must be even and at least 16; got {image_size}")
+        raise ConfigError(f"image_size must be even and at least 16; got {image_size}")
     cell = image_size // 2
     canvas = np.zeros((image_size, image_size, 3), dtype=np.uint8)
     jitter = rng.random((len(scene.objects), 3))  # per object: x, y offsets and brightness in [0, 1)
@@ -216,7 +217,7 @@ def write_synth(
     streams spawned from `seed`.
     """
     if n_train < 1 or n_val < 1:
-        raise ValueError(f"n_train and n_val must be positive; got {n_train}, {n_val}")
+        raise ConfigError(f"n_train and n_val must be positive; got {n_train}, {n_val}")
     out = Path(out_dir)
     expected = {
         split: _split_params(split, n, seed, image_size, min_objects, max_objects)
@@ -228,7 +229,7 @@ def write_synth(
         if _is_complete(out, expected):
             return out
         if out.exists():
-            raise ValueError(f"{out} is not a synth dataset with these parameters; remove it or pick another dir")
+            raise ConfigError(f"{out} is not a synth dataset with these parameters; remove it or pick another dir")
         streams = np.random.SeedSequence(seed).spawn(len(expected))
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.tmp-") as tmp:
             staging = Path(tmp) / out.name

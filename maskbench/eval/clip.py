@@ -24,6 +24,7 @@ from huggingface_hub import try_to_load_from_cache
 from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 from PIL import Image
 
+from maskbench.config import ConfigError
 from maskbench.eval.fid import MissingWeights, as_uint8_images
 
 DEFAULT_MODEL = "ViT-H-14"
@@ -66,7 +67,7 @@ def resolve_pretrained(model_name: str, pretrained: str, cache_dir: str | None =
                 f"CLIP weights file not found at {pretrained}: pass an existing file as eval.clip_weights=PATH"
             )
         known = open_clip.list_pretrained_tags_by_model(model_name)
-        raise ValueError(
+        raise ConfigError(
             f"{pretrained!r} is neither a weights file nor an open_clip tag of {model_name} (known: {known})"
         )
     cached = _cached_tag_file(tag_cfg, cache_dir)

@@ -31,7 +31,7 @@ from maskbench.eval.fid import (DinoV2Features, FeatureStats, InceptionFeatures,
 from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
 from maskbench.models.build import batch_context
-from maskbench.train.objective import interpolate, velocity_loss
+from maskbench.models.objective import flow_loss
 
 
 @dataclass
@@ -59,7 +59,7 @@ def load_eval_set(data: DatasetInfo, n: int) -> EvalSet:
         if len(decoded) == n:
             break
     if len(decoded) < n:
-        raise ValueError(f"the held-out split {data.val_dir} has {len(decoded)} usable samples; {n} requested")
+        raise ConfigError(f"the held-out split {data.val_dir} has {len(decoded)} usable samples; {n} requested")
     text = {name: torch.stack([d[name] for d, _ in decoded]) for name in ("txtemb", "txtmask") if data.latent}
     return EvalSet(torch.stack([d["image"] for d, _ in decoded]), [d["caption"] for d, _ in decoded],
                    [meta for _, meta in decoded], text)
@@ -80,9 +80,7 @@ def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], n
             noise = fixed_noise(range(start, start + len(x0)), tuple(x0.shape[1:]), noise_seed + 7919 * (j + 1))
             t = torch.full((len(x0),), t_value, device=device)                      # B
             context, mask = batch_context(model, batch, device)
-            pred = model(interpolate(x0, noise.to(device), t), t, context, mask)    # B×L×P
-            target = model.patchify(noise.to(device) - x0)                          # B×L×P
-            total += velocity_loss(pred, target).item() * len(x0)
+            total += flow_loss(model, x0, noise.to(device), t, context, mask).item() * len(x0)  # every token
         per_t.append(total / n)
     return float(np.mean(per_t)), per_t
 

@@ -21,6 +21,8 @@ from cleanfid.downloads_helper import inception_url
 from cleanfid.resize import build_resizer
 from scipy import linalg
 
+from maskbench.config import UserError
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
@@ -30,7 +32,7 @@ STANDIN_MARKER = "maskbench_standin"  # attribute a stand-in TorchScript file ca
 INCEPTION_DIM = 2048
 
 
-class MissingWeights(FileNotFoundError):
+class MissingWeights(UserError, FileNotFoundError):
     """An evaluation weights file is not on disk; nothing is ever downloaded at run time.
 
     The message is one line: the file to fetch and the config option that takes its path, so the

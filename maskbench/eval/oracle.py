@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from maskbench.config import ConfigError
 from maskbench.data import synth
 from maskbench.eval.fid import as_uint8_images
 
@@ -182,7 +183,7 @@ def load_oracle(path: str | Path = WEIGHTS_PATH, device: str | torch.device = "c
         metadata = f.metadata() or {}
     if metadata.get("fid_features") != ORACLE_NAME or json.loads(metadata.get("synth", "null")) != synth_params():
         retrain = "python -m maskbench.eval.oracle --train"
-        raise ValueError(f"{path} was trained for other synth parameters: run `{retrain}`")
+        raise ConfigError(f"{path} was trained for other synth parameters: run `{retrain}`")
     net = OracleNet()
     net.load_state_dict(load_file(str(path)))
     return Oracle(net, device)

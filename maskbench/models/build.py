@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from maskbench.data.dataset import DatasetInfo
 from maskbench.models.dit import DiT, ModelConfig
-from maskbench.models.text import SynthTextEncoder
+from maskbench.models.text import SynthTextEncoder, with_token_ids
 
 
 def build_model(cfg: ModelConfig, data: DatasetInfo) -> DiT:
@@ -15,6 +18,14 @@ def build_model(cfg: ModelConfig, data: DatasetInfo) -> DiT:
         return DiT(cfg, data.image_size, data.channels, data.context_dim, text_encoder=None)
     text_encoder = SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len)
     return DiT(cfg, data.image_size, data.channels, cfg.text_width, text_encoder=text_encoder)
+
+
+def loader_decoder(data: DatasetInfo, cfg: ModelConfig) -> Callable[[dict], dict]:
+    """The shard decoder a loader for this model uses: synth captions are tokenized in the loader, off
+    the training step, for the model's own text encoder; latent shards carry their text embeddings."""
+    if data.latent:
+        return data.decode
+    return functools.partial(with_token_ids, decode=data.decode, context_len=cfg.text_len)
 
 
 def batch_context(model: DiT, batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,29 @@ they live apart from the network in `dit.py`, which needs torch and timm.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
+
+
+class Kernels(StrEnum):
+    """Gather/scatter implementation: auto (Triton on CUDA), torch (the reference), triton."""
+    auto = "auto"
+    torch = "torch"
+    triton = "triton"
+
+
+class LongSkip(StrEnum):
+    """Long-skip fusion: none, concat_ln (Skip-DiT: concat -> LayerNorm -> Linear), concat (U-ViT)."""
+    none = "none"
+    concat_ln = "concat_ln"
+    concat = "concat"
+
+
+class SkipScale(StrEnum):
+    """Skip scaling: none, scalelong (the n-th skip fused is scaled by kappa^(n-1)), constant (1/sqrt 2)."""
+    none = "none"
+    scalelong = "scalelong"
+    constant = "constant"
 
 
 @dataclass
@@ -24,10 +46,10 @@ class ModelConfig:
     text_width: int = 64      # width of the small trainable synth text encoder
     text_depth: int = 2
     text_len: int = 32        # caption context length (tokens) for the synth text encoder
-    kernels: str = "auto"     # auto|torch|triton, passed to gather/scatter
+    kernels: Kernels = Kernels.auto  # passed to gather/scatter
     structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
-    long_skip: str = "none"   # none | concat_ln (Skip-DiT: concat -> LayerNorm -> Linear) | concat (U-ViT)
-    skip_scale: str = "none"  # none | scalelong (the n-th skip fused is scaled by kappa^(n-1)) | constant (1/sqrt 2)
+    long_skip: LongSkip = LongSkip.none
+    skip_scale: SkipScale = SkipScale.none
     skip_kappa: float = 0.5   # ScaleLong's kappa
     decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
 
@@ -44,8 +66,8 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 }
 
 
-LONG_SKIPS = ("none", "concat_ln", "concat")
-SKIP_SCALES = ("none", "scalelong", "constant")
+LONG_SKIPS = tuple(m.value for m in LongSkip)
+SKIP_SCALES = tuple(m.value for m in SkipScale)
 
 
 def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
@@ -65,7 +87,7 @@ def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
         raise ValueError(f"model.width={cfg.width} must be divisible by 4 (2-D sin-cos positions)")
     if cfg.width % cfg.heads:
         raise ValueError(f"model.width={cfg.width} is not divisible by model.heads={cfg.heads}")
-    if cfg.long_skip not in LONG_SKIPS or cfg.skip_scale not in SKIP_SCALES:
+    if cfg.long_skip not in {m.value for m in LongSkip} or cfg.skip_scale not in {m.value for m in SkipScale}:
         raise ValueError(f"model.long_skip must be {'|'.join(LONG_SKIPS)} and model.skip_scale "
                          f"{'|'.join(SKIP_SCALES)}; got {cfg.long_skip!r}, {cfg.skip_scale!r}")
     if image_size is not None and image_size % cfg.patch_size:

@@ -14,7 +14,6 @@ import csv
 import logging
 import math
 import os
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -188,35 +187,3 @@ def _report(message: str, on_error: str) -> None:
     if on_error == "abort":
         raise ValueError(message)
     logger.warning("%s (skipped)", message)
-
-
-def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
-                     baseline: str = "mask0", on_error: str = "skip") -> int:
-    """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
-
-    With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
-    or error policy, a malformed row under abort) prints one line on stderr and returns 2; files
-    without a single row return 1.
-    """
-    # Imported here so that writers of rows (the trainer) need neither scipy nor matplotlib.
-    from maskbench.results import plots, stats
-
-    paths = list(paths) or [DEFAULT_CSV]
-    missing = [path for path in paths if not Path(path).is_file()]
-    try:
-        if missing:
-            raise ValueError(f"no such leaderboard CSV: {', '.join(missing)}")
-        if fmt not in stats.FORMATS:
-            raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(stats.FORMATS)}")
-        rows = read_rows(paths, on_error)
-        if not rows:
-            print(f"no leaderboard rows in {', '.join(paths)}", file=sys.stderr)
-            return 1
-        summary = stats.summarize(rows, baseline_arm=baseline)
-        print(stats.render(summary, fmt))
-        if plot:
-            print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0

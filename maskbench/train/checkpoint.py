@@ -29,9 +29,15 @@ from pathlib import Path
 import torch
 import yaml
 from accelerate import Accelerator
+from safetensors.torch import load_file
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import maskbench
-from maskbench.results.leaderboard import append_rows
+from maskbench.files import write_atomic
+
+# The files of an accelerate `save_state` folder that maskbench reads back. Custom objects are numbered
+# in the order the Trainer registers them (`register_for_checkpointing(ema, state)`): the EMA, then the counters.
+MODEL_FILE, EMA_FILE, STATE_FILE = "model.safetensors", "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl"
 
 ENV_PACKAGES = ("torch", "timm", "accelerate", "webdataset", "numpy", "open_clip_torch", "clean-fid",
                 "diffusers", "triton")
@@ -133,8 +139,38 @@ class RunDir:
         found = self.list_checkpoints()
         return found[-1][1] if found else None
 
+    @staticmethod
+    def point_name(point: float) -> str:
+        return f"point-{point:g}"
+
     def point_checkpoint(self, point: float) -> Path:
-        return self.checkpoints / f"point-{point:g}"
+        return self.checkpoints / self.point_name(point)
+
+    def point_samples(self, point: float) -> Path:
+        return self.samples / self.point_name(point)
+
+    def saved_points(self) -> list[float]:
+        """The eval points with a checkpoint, in order."""
+        return sorted(float(path.name.removeprefix("point-")) for path in self.checkpoints.glob("point-*"))
+
+    @staticmethod
+    def raw_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+        """The trained model's weights in a checkpoint (the DDP wrapper's `module.` prefix removed)."""
+        state = load_file(ckpt / MODEL_FILE)
+        consume_prefix_in_state_dict_if_present(state, "module.")
+        return state
+
+    @staticmethod
+    def ema_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+        """The EMA weights in a checkpoint, on the CPU wherever they were saved (load_state_dict moves them)."""
+        return torch.load(ckpt / EMA_FILE, weights_only=True, map_location="cpu")["model"]
+
+    @staticmethod
+    def train_state(ckpt: Path) -> TrainState:
+        """The training counters saved with a checkpoint."""
+        state = TrainState()
+        state.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=True, map_location="cpu"))
+        return state
 
     def eval_records(self) -> list[dict]:
         """Every line of eval.jsonl (a point evaluated again appears again, later)."""
@@ -145,12 +181,11 @@ class RunDir:
     def evaluated_points(self) -> list[float]:
         return [record["point"] for record in self.eval_records()]
 
-    def record_eval(self, row: dict, result: dict, leaderboard: str | Path) -> None:
-        """Append an evaluated point to eval.jsonl and its row to the leaderboard CSV."""
+    def record_eval(self, row: dict, result: dict) -> None:
+        """Append an evaluated point to eval.jsonl: its leaderboard row plus the rest of the result."""
         with open(self.evals, "a") as f:
             extras = {key: value for key, value in result.items() if key not in row}  # per-t losses, grid, ...
             f.write(json.dumps({**row, **extras}) + "\n")
-        append_rows(leaderboard, [row])
 
     def truncate_logs(self, step: int) -> None:
         """Drop log lines written after the checkpoint being resumed (they will be redone)."""
@@ -158,12 +193,6 @@ class RunDir:
             lines = self.metrics.read_text().splitlines()
             kept = [line for line in lines if json.loads(line)["step"] < step]
             write_atomic(self.metrics, "".join(line + "\n" for line in kept))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def save_checkpoint(accelerator: Accelerator, run: RunDir, name: str, step: int, keep_periodic: int) -> Path:

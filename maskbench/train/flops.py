@@ -1,4 +1,4 @@
-"""Analytic FLOPs of a training step, and the split of a FLOPs budget into phases.
+"""Analytic FLOPs of a training step (the split of a budget into steps is `maskbench.train.schedule`).
 
 The budget every arm gets is counted, not measured: an analytic count is hardware independent,
 identical for every arm, and known before the run starts, so phases can be sized up front.
@@ -16,7 +16,6 @@ model FLOPs, and is not counted here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from maskbench.models.dit import TIMESTEP_FREQ_DIM, ModelConfig, long_skip_pairs
 from maskbench.models.masking import keep_count
@@ -93,45 +92,3 @@ def sample_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, conte
     """FLOPs of one sampling forward on all tokens (a CFG step with a doubled batch is batch=2B)."""
     return _model_flops(_Counter(train=False), cfg, image_size, in_channels, context_dim, context_len,
                         batch, 0.0, text_encoder)
-
-
-@dataclass(frozen=True)
-class PhasePlan:
-    """One phase of an arm: its mask ratio and the FLOPs of each whole step its share of the budget buys."""
-
-    mask_ratio: float
-    step_flops: tuple[int, ...]   # the same for every step, unless some samples train downscaled
-
-    @property
-    def steps(self) -> int:
-        return len(self.step_flops)
-
-    @property
-    def flops(self) -> int:
-        return sum(self.step_flops)
-
-
-def plan_phases(phases: list[tuple[float, float]], budget_flops: float,
-                step_flops: Callable[[float, int], int]) -> list[PhasePlan]:
-    """Give each (mask_ratio, budget_fraction) phase fraction × budget FLOPs, as whole steps.
-
-    step_flops(mask_ratio, step) is the cost of the run's global step `step` in that phase: constant
-    for most arms, smaller on steps where some samples train at a lower resolution (known in advance,
-    because every step's t is a function of the seed). Stopping before the step that would overrun
-    loses less than one step per phase, so arms with different phase lists spend the same budget to
-    within one step.
-    """
-    if any(fraction <= 0 for _, fraction in phases) or abs(sum(f for _, f in phases) - 1.0) > 1e-6:
-        raise ValueError(f"phase budget fractions must be positive and sum to 1, got {phases}")
-    plans, start = [], 0
-    for index, (mask_ratio, fraction) in enumerate(phases):
-        allowance, spent, costs = fraction * budget_flops, 0, []
-        while spent + (cost := step_flops(mask_ratio, start + len(costs))) <= allowance:
-            costs.append(cost)
-            spent += cost
-        if not costs:
-            raise ValueError(f"budget {budget_flops:.3g} FLOPs is too small for one step of phase {index} "
-                             f"(mask {mask_ratio}, {fraction:.0%} of the budget): one step costs {cost:.3g}")
-        plans.append(PhasePlan(mask_ratio, tuple(costs)))
-        start += len(costs)
-    return plans

@@ -17,113 +17,44 @@ and only rank 0 writes logs, evaluations and leaderboard rows.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import functools
-import itertools
 import json
 import math
 import signal
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
-from timm.layers import Attention
+from timm.layers import set_fused_attn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-import maskbench
-from maskbench.config import ConfigError, RunConfig, config_hash, format_arm, run_id, to_dict
-from maskbench.data.dataset import DatasetInfo, resolve_dataset
+from maskbench.config import ConfigError, RunConfig, run_id, to_dict
+from maskbench.data.dataset import resolve_dataset
 from maskbench.data.shards import ShardLoader, make_loader
-from maskbench.eval.evaluate import Evaluator, check_eval_inputs
-from maskbench.models.build import batch_context, build_model
+from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
+from maskbench.models.objective import sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
-from maskbench.models.text import with_token_ids
-from maskbench.train.checkpoint import (RunDir, TrainState, device_name, environment, git_sha, load_checkpoint,
-                                        save_checkpoint, write_atomic)
+from maskbench.files import write_atomic
+from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
-from maskbench.train.flops import PhasePlan, plan_phases, train_step_flops
-from maskbench.train.mfu import device_peak, matmul_precision, mfu
-from maskbench.train.objective import in_window, sample_t, windowed_flow_loss
-from maskbench.train.tracking import flat_scalars, log_eval, log_step
+from maskbench.train.schedule import PhasePlan, make_schedule, step_generators
+from maskbench.train.tracking import flat_scalars, log_step
 
 
 class TrainingStopped(RuntimeError):
     """Training cannot go on (e.g. non-finite losses in a row); the message says why."""
-
-
-@dataclass
-class Schedule:
-    """Where each step sits: its phase, its FLOPs, and the steps at which eval points fall."""
-    phases: list[PhasePlan]
-    eval_steps: dict[int, float]   # steps completed -> eval point
-
-    @property
-    def total_steps(self) -> int:
-        return sum(p.steps for p in self.phases)
-
-    @property
-    def total_flops(self) -> int:
-        return sum(p.flops for p in self.phases)
-
-    def phase_at(self, step: int) -> tuple[PhasePlan, int]:
-        """(the phase of global step `step`, that step's FLOPs)."""
-        for phase in self.phases:
-            if step < phase.steps:
-                return phase, phase.step_flops[step]
-            step -= phase.steps
-        raise IndexError("step past the end of the schedule")
-
-
-def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int) -> Schedule:
-    """Plan phases by FLOPs, then put each eval point at the first step whose FLOPs reach it."""
-    cost = functools.cache(functools.partial(step_flops, cfg, data))  # (mask ratio, downscaled samples) -> FLOPs
-    phases = plan_phases([(p.mask_ratio, p.fraction) for p in cfg.arm.phases], cfg.budget.flops,
-                         lambda mask_ratio, step: cost(mask_ratio, downscaled_count(cfg, n_streams, step)))
-    cumulative = list(itertools.accumulate(flops for phase in phases for flops in phase.step_flops))
-    eval_steps = {}
-    for point in sorted(cfg.eval.points):
-        target = point * cumulative[-1] * (1 - 1e-9)
-        eval_steps[bisect.bisect_left(cumulative, target) + 1] = point
-    return Schedule(phases, eval_steps)
-
-
-def step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downscaled: int = 0) -> int:
-    """FLOPs of one training step of the global batch, `downscaled` of its samples at 1/factor resolution
-    (a step's cost is linear in its batch, so the two parts add)."""
-    def per_sample(image_size: int) -> int:
-        return train_step_flops(cfg.model, image_size, data.channels, data.context_dim or cfg.model.text_width,
-                                data.context_len or cfg.model.text_len, 1, mask_ratio,
-                                text_encoder=not data.latent)
-
-    full = (cfg.train.batch_size - downscaled) * per_sample(data.image_size)
-    return full + (downscaled and downscaled * per_sample(data.image_size // cfg.train.downscale_factor))
-
-
-def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> int:
-    """How many samples of global step `step` train downscaled: those whose t falls in the window.
-
-    Each stream's t is the first draw of its step generator (as in `Trainer.stream_loss`), so the
-    count is known before training and the FLOPs budget can be planned exactly.
-    """
-    if not cfg.train.downscale_window:
-        return 0
-    cpu = torch.device("cpu")
-    return sum(int(in_window(sample_t(cfg.train.batch_size // n_streams, step_generators(cfg.seed, s, step, cpu)[0],
-                                      cpu), cfg.train.downscale_window).sum())
-               for s in range(n_streams))
 
 
 def lr_lambda(cfg: RunConfig, total_steps: int):
@@ -137,15 +68,6 @@ def lr_lambda(cfg: RunConfig, total_steps: int):
             return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         return 1.0
     return factor
-
-
-def step_generators(seed: int, stream: int, step: int, device: torch.device
-                    ) -> tuple[torch.Generator, torch.Generator]:
-    """(CPU generator for t / dropout / masks, device generator for noise), both a function of the step."""
-    value = (seed * 1_000_003 + stream) * 10_000_019 + step
-    cpu = torch.Generator().manual_seed(value)
-    dev = torch.Generator(device=device).manual_seed(value + 1) if device.type != "cpu" else cpu
-    return cpu, dev
 
 
 def batch_digest(batch: dict) -> int:
@@ -182,12 +104,14 @@ def preemption_handler(trainer: "Trainer") -> Iterator[None]:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, accelerator: Accelerator | None = None):
-        self.cfg = cfg
+    def __init__(self, cfg: RunConfig, accelerator: Accelerator | None = None,
+                 on_point: Callable[[Trainer, float], None] | None = None):
+        """on_point(trainer, point) runs on every rank after an eval point's checkpoint (None: checkpoints only)."""
+        self.cfg, self.on_point = cfg, on_point
         self.accelerator = accelerator or make_accelerator(cfg)
         self.n_streams = self.accelerator.num_processes * cfg.train.grad_accum
         if cfg.train.batch_size % self.n_streams:
-            raise ValueError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
+            raise ConfigError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
                              f"train.grad_accum = {self.n_streams}")
         # Plan first: a budget too small for one step is refused before any data is generated.
         planned_data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
@@ -201,7 +125,6 @@ class Trainer:
         self.schedule = make_schedule(cfg, planned_data, self.n_streams)
         with self.accelerator.main_process_first():  # rank 0 generates missing synth data, the others read it
             self.data = resolve_dataset(cfg.data, cfg.paths.data)
-        check_eval_inputs(self.data, cfg.eval)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
 
@@ -215,11 +138,9 @@ class Trainer:
     def setup(self) -> None:
         cfg, acc = self.cfg, self.accelerator
         torch.manual_seed(cfg.seed)  # initial weights: a function of the run seed alone
+        set_fused_attn(True)  # timm's Attention built next uses SDPA even where its settings would not
         # On the accelerator's device before the EMA copies it: the EMA must live where the model trains.
         model = build_model(cfg.model, self.data).to(acc.device)
-        for module in model.modules():
-            if isinstance(module, Attention):
-                module.fused_attn = True  # SDPA even where timm's settings would pick its unfused path
         self.params = sum(p.numel() for p in model.parameters())
         self.ema = EMA(model, cfg.train.ema_decay)
         self.block_norms = BlockNorms(model)  # after the EMA copy: only the training model records
@@ -233,7 +154,7 @@ class Trainer:
         # Static shapes: K changes with the mask ratio, so each phase compiles its own graph once.
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
         self.state = TrainState()
-        acc.register_for_checkpointing(self.ema, self.state)
+        acc.register_for_checkpointing(self.ema, self.state)  # this order names their files (checkpoint.EMA_FILE)
         if acc.is_main_process:
             self.run.create(to_dict(cfg), environment(acc))
         acc.wait_for_everyone()
@@ -250,14 +171,11 @@ class Trainer:
             if acc.is_main_process:
                 self.run.truncate_logs(self.state.step)
                 print(f"resuming {self.run.root.name} at step {self.state.step}")
-        self.evaluator: Evaluator | None = None
 
     def make_loaders(self) -> list[ShardLoader]:
         """One loader per stream of this rank, each resuming at the current step."""
         cfg, acc = self.cfg, self.accelerator
-        decode = self.data.decode
-        if not self.data.latent:  # the synth text encoder's tokens, made off the training step
-            decode = functools.partial(with_token_ids, decode=decode, context_len=cfg.model.text_len)
+        decode = loader_decoder(self.data, cfg.model)
         return [make_loader(self.data.train_source, batch_size=cfg.train.batch_size // self.n_streams, seed=cfg.seed,
                             rank=stream, world_size=self.n_streams, num_workers=cfg.data.num_workers,
                             start_step=self.state.step, decode=decode,
@@ -334,7 +252,7 @@ class Trainer:
         self.setup()
         point = self.schedule.eval_steps.get(self.state.step)
         if point is not None and point not in self.run.evaluated_points():
-            self._eval_point(point, save=False)  # stopped between the point's checkpoint and its evaluation
+            self._reach_point(point, save=False)  # stopped between the point's checkpoint and its evaluation
         with preemption_handler(self):
             return self._train(self.make_loaders())
 
@@ -346,7 +264,7 @@ class Trainer:
         last_checkpoint, bad_in_row = time.monotonic(), 0
         with open(self.run.metrics, "a") as metrics_log:
             while state.step < schedule.total_steps:
-                phase, step_flops = schedule.phase_at(state.step)
+                phase, flops = schedule.phase_at(state.step)
                 tick = time.perf_counter()
                 out = self.train_step(batch_iters, phase, state.step)
                 if acc.device.type == "cuda":
@@ -358,7 +276,7 @@ class Trainer:
                     raise TrainingStopped(f"{bad_in_row} non-finite losses in a row at step {state.step}; "
                                           "lower train.lr or check the data")
                 state.step += 1
-                state.flops += step_flops
+                state.flops += flops
                 state.train_seconds += seconds
                 state.data_wait_seconds += out["data_wait"]
                 state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
@@ -373,12 +291,12 @@ class Trainer:
                     metrics_log.write(json.dumps(record) + "\n")
                     if cfg.train.log_with != "none":
                         log_step(acc, record, state.step)
-                bar.update(step_flops)
+                bar.update(flops)
                 bar.set_postfix_str(f"step {state.step}/{schedule.total_steps} mask {phase.mask_ratio:g} "
                                     f"loss {out['loss']:.4f}", refresh=False)
                 if state.step in schedule.eval_steps:
                     metrics_log.flush()
-                    self._eval_point(schedule.eval_steps[state.step])
+                    self._reach_point(schedule.eval_steps[state.step])
                     last_checkpoint = time.monotonic()
                 elif time.monotonic() - last_checkpoint > cfg.train.checkpoint_minutes * 60:
                     save_checkpoint(acc, self.run, f"step-{state.step:08d}", state.step, cfg.train.keep_checkpoints)
@@ -405,51 +323,15 @@ class Trainer:
         return self.run.root
 
 
-    # ------------------------------------------------------------------------------------ eval
-    def _eval_point(self, point: float, save: bool = True) -> None:
-        """Checkpoint, then evaluate with the EMA weights: every rank samples, the main process scores."""
-        acc, state = self.accelerator, self.state
+    # ---------------------------------------------------------------------------------- points
+    def _reach_point(self, point: float, save: bool = True) -> None:
+        """Checkpoint an eval point, then hand it to `on_point` (evaluation lives above training)."""
         if save:
-            save_checkpoint(acc, self.run, f"point-{point:g}", state.step, self.cfg.train.keep_checkpoints)
-        if self.evaluator is None:
-            with acc.main_process_first():  # the main process writes any missing reference statistics
-                self.evaluator = Evaluator(self.data, self.cfg.eval, acc.device, scores=acc.is_main_process)
-        result = self.evaluator.evaluate(self.ema.model, self.run.samples / f"point-{point:g}", acc)
-        diagnostics = self.block_norms.summary()
-        if acc.is_main_process:
-            result["diagnostics"] = diagnostics
-            peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
-            utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak)
-            print(f"point {point:g}: {utilisation * peak / 1e12:.3g} TFLOP/s per device, MFU {utilisation:.1%} of "
-                  f"{peak / 1e12:.3g} ({source})")
-            row = leaderboard_row(self.cfg, self.data, self.state, point, result, self.params,
-                                  acc.num_processes, device_name(acc.device), utilisation)
-            self.run.record_eval(row, result, self.cfg.paths.leaderboard)
-            if self.cfg.train.log_with != "none":
-                log_eval(acc, result, state.step)
-        acc.wait_for_everyone()
-
-
-def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point: float, result: dict,
-                    params: int, n_devices: int, device: str, mfu: float | None = None) -> dict:
-    """One leaderboard row: what was trained (from the config and counters) and what was measured."""
-    return {
-        "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data.name,
-        "model": cfg.model.name, "params": params, "resolution": data.image_size,
-        "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
-        "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
-        "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
-        "n_devices": n_devices, "mfu": mfu, "val_loss": result["val_loss"],
-        "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
-        "fid": result.get("fid"), "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"),
-        "fid_ref": result.get("fid_ref"), "fd_dinov2": result.get("fd_dinov2"),
-        "fd_dinov2_features": result.get("fd_dinov2_features"),
-        "clip_score": result.get("clip_score"), "clip_cos": result.get("clip_cos"),
-        "clip_model": result.get("clip_model"), "align_acc": result.get("align_acc"),
-        "sampler_steps": cfg.eval.sampler_steps, "cfg_scale": cfg.eval.cfg_scale,
-        "maskbench_version": maskbench.__version__, "git_sha": git_sha(), "config_hash": config_hash(cfg),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+            save_checkpoint(self.accelerator, self.run, RunDir.point_name(point), self.state.step,
+                            self.cfg.train.keep_checkpoints)
+        if self.on_point is not None:
+            self.on_point(self, point)
+        self.accelerator.wait_for_everyone()
 
 
 def make_accelerator(cfg: RunConfig) -> Accelerator:
@@ -465,6 +347,3 @@ def make_accelerator(cfg: RunConfig) -> Accelerator:
                        kwargs_handlers=[timeout], log_with=trackers,
                        project_dir=str(Path(cfg.paths.runs) / run_id(cfg)))
 
-
-def train(cfg: RunConfig) -> Path:
-    return Trainer(cfg).fit()

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from maskbench.files import write_atomic
+
 # Dense (no sparsity) peak FLOP/s per device. Checked in order: the first name contained in
 # torch.cuda.get_device_name wins, so variants come before their family.
 PEAK_FLOPS: dict[str, dict[str, float]] = {
@@ -120,9 +122,7 @@ def cached_gemm_peak(device: torch.device, precision: str) -> float:
             rounds = [measure_gemm_peak.__wrapped__(str(device), precision, n=n, reps=5) for _ in range(3)]
             cache[key] = {"flops": max(rounds), "n": n, "rounds": rounds,
                           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps(cache, indent=2))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(cache, indent=2))
     return cache[key]["flops"]
 
 

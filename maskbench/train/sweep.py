@@ -1,6 +1,7 @@
 """`maskbench sweep`: a grid of runs, trained one after another here or printed as cluster launch lines.
 
-`key=a,b,c` sweeps a key over values; commas inside brackets (`eval.points=[0.5,1.0]`) are one value.
+`key=a,b,c` sweeps a key over values, parsed by Hydra's override parser (so `eval.points=[0.5,1.0]` is
+one value, and quoting works as in Hydra).
 Every combination is validated before the first run starts, so a typo in the last one cannot waste
 the hours spent on the first.
 """
@@ -10,31 +11,22 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from maskbench.config import RunConfig, load_config, run_id
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
+from maskbench.config import ConfigError, RunConfig, load_config, run_id
 
 LAUNCHERS = ("accelerate", "torchrun", "slurm")
 
 
-def split_values(value: str) -> list[str]:
-    """Split on commas that are not inside [...] or {...}."""
-    parts, depth, current = [], 0, ""
-    for char in value:
-        depth += char in "[{"
-        depth -= char in "]}"
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    return [*parts, current]
-
-
 def expand_grid(overrides: list[str]) -> list[list[str]]:
-    """Cartesian product of every swept key, in the order the keys were given."""
-    axes = []
-    for item in overrides:
-        key, eq, value = item.partition("=")
-        axes.append([f"{key}{eq}{v}" for v in split_values(value)] if eq else [item])
+    """Cartesian product of every swept key (Hydra's own `key=a,b,c` syntax), in the order given."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as err:
+        raise ConfigError(str(err).strip().splitlines()[0]) from None
+    axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
+            for o in parsed]
     return [list(combo) for combo in itertools.product(*axes)]
 
 

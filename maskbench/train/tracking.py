@@ -7,28 +7,14 @@ the sample grid. TensorBoard needs no network (its event files go under the run 
 
 from __future__ import annotations
 
-import importlib.util
 import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
-if TYPE_CHECKING:  # config validation imports this module: it must not load torch
+if TYPE_CHECKING:
     from accelerate import Accelerator
-
-TRACKERS = ("none", "tensorboard", "wandb")
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
-
-
-def check_tracker(name: str) -> str | None:
-    """Why `train.log_with=name` cannot work here (unknown, or its package missing), or None."""
-    if name not in TRACKERS:
-        return f"train.log_with must be {'|'.join(TRACKERS)}, got {name!r}"
-    if name != "none" and importlib.util.find_spec(PACKAGES[name]) is None:
-        return f"train.log_with={name} needs the {PACKAGES[name]} package: pip install {PACKAGES[name]}"
-    return None
-
 
 def flat_scalars(tree: dict, prefix: str = "") -> dict[str, int | float | str | bool]:
     """A nested config as flat `a.b.c` keys with scalar values (what TensorBoard's hparams accept)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from maskbench.data.pack import Item, Sample, Skip, SourcePlan, Unit, existing_paths, iter_tar_samples
+from maskbench.data.pack import Item, Sample, Skip, SourcePlan, Unit, existing_paths, tar_items
 
 
 def decode_brushdata_rle(rle: list[int], height: int, width: int) -> np.ndarray:
@@ -63,26 +63,24 @@ def _segmentation(data: bytes) -> bytes:
     return data
 
 
+def _item(name: str, fields: dict[str, bytes], keep_segmentation: bool) -> Item:
+    """One BrushData sample as a canonical Sample, or the Skip saying why not."""
+    try:
+        meta = _meta(fields)
+    except (ValueError, UnicodeDecodeError):
+        return Skip("bad_meta")
+    extra: dict[str, bytes] = {}
+    if keep_segmentation and "segmentation" in fields:
+        try:
+            extra["segmentation.json"] = _segmentation(fields["segmentation"])
+        except (ValueError, KeyError, TypeError):
+            return Skip("bad_json")
+    return Sample(os.path.basename(name), fields.get("image"), fields.get("caption"), meta, extra)
+
+
 def read_brushdata_tar(path: Path, keep_segmentation: bool) -> Iterator[Item]:
     """Canonical samples of one BrushData tar, with bad members and samples as Skip."""
-    for item in iter_tar_samples(path):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        name, fields = item
-        try:
-            meta = _meta(fields)
-        except (ValueError, UnicodeDecodeError):
-            yield Skip("bad_meta")
-            continue
-        extra: dict[str, bytes] = {}
-        if keep_segmentation and "segmentation" in fields:
-            try:
-                extra["segmentation.json"] = _segmentation(fields["segmentation"])
-            except (ValueError, KeyError, TypeError):
-                yield Skip("bad_json")
-                continue
-        yield Sample(os.path.basename(name), fields.get("image"), fields.get("caption"), meta, extra)
+    return tar_items(path, partial(_item, keep_segmentation=keep_segmentation))
 
 
 def plan_brushdata(inputs: list[str | Path], keep_segmentation: bool = False) -> SourcePlan:

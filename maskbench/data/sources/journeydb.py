@@ -10,15 +10,17 @@ extract to; a folder is preferred over its archive when both exist. Pack one spl
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
 import tarfile
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 
-from maskbench.data.pack import IMAGE_FORMATS, Item, Sample, Skip, SourcePlan, Unit, iter_tar_samples
+from maskbench.config import ConfigError
+from maskbench.data.pack import IMAGE_FORMATS, Captions, Item, Sample, Skip, SourcePlan, Unit, index_captions, tar_items
+from maskbench.data.shards import BadSample
 
 CAPTION_FIELDS = ("prompt", "caption")
 IMAGE_EXTS = tuple(IMAGE_FORMATS.values())
@@ -34,10 +36,10 @@ def _annotation_lines(path: Path) -> Iterator[bytes]:
         with tarfile.open(path, "r|gz") as tar:
             member = next((m for m in tar if m.isfile() and m.name.endswith(".jsonl")), None)
             if member is None:
-                raise ValueError(f"{path} holds no .jsonl file")
+                raise ConfigError(f"{path} holds no .jsonl file")
             yield from tar.extractfile(member)
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise ValueError(f"cannot read annotations {path}: {err}") from None
+        raise ConfigError(f"cannot read annotations {path}: {err}") from None
 
 
 def _caption(record: dict, caption_field: str) -> str | None:
@@ -47,30 +49,20 @@ def _caption(record: dict, caption_field: str) -> str | None:
     return task2.get("Caption") if isinstance(task2, dict) else None
 
 
-def read_annotations(paths: Iterable[Path], caption_field: str) -> tuple[dict[str, dict[str, str | None]], Counter]:
+def _annotation(record: dict, caption_field: str) -> tuple[str, str, str | None]:
+    """(folder, file name, caption) of one record; a path that would read outside imgs/<folder>/ is refused."""
+    img_path = os.path.normpath(record["img_path"])  # "./000/x.jpg" -> "000/x.jpg"
+    caption = _caption(record, caption_field)
+    folder, _, file_name = img_path.partition("/")
+    if not folder or folder == ".." or not file_name or "/" in file_name:
+        raise BadSample("unsafe_path")
+    return folder, file_name, caption
+
+
+def read_annotations(paths: Iterable[Path], caption_field: str) -> tuple[Captions, Counter]:
     """Captions by image folder (`000`) and file name; malformed or unsafe records are counted."""
-    captions: dict[str, dict[str, str | None]] = defaultdict(dict)
-    skipped: Counter = Counter()
-    for path in paths:
-        for line in _annotation_lines(path):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                img_path = os.path.normpath(record["img_path"])  # "./000/x.jpg" -> "000/x.jpg"
-                caption = _caption(record, caption_field)
-            except (ValueError, KeyError, TypeError):
-                skipped["bad_json"] += 1
-                continue
-            folder, _, file_name = img_path.partition("/")
-            if not folder or folder == ".." or not file_name or "/" in file_name:
-                skipped["unsafe_path"] += 1  # would read outside imgs/<folder>/
-                continue
-            if file_name in captions[folder]:
-                skipped["duplicate_key"] += 1
-                continue
-            captions[folder][file_name] = caption
-    return captions, skipped
+    lines = itertools.chain.from_iterable(map(_annotation_lines, paths))
+    return index_captions(lines, partial(_annotation, caption_field=caption_field), "bad_json", "duplicate_key")
 
 
 def _sample(folder: str, file_name: str, image: bytes, caption: str | None) -> Sample:
@@ -78,20 +70,19 @@ def _sample(folder: str, file_name: str, image: bytes, caption: str | None) -> S
     return Sample(f"{folder}_{stem}", image, caption, {"img_path": f"./{folder}/{file_name}"})
 
 
+def _archive_item(name: str, fields: dict[str, bytes], folder: str, unmatched: dict[str, str | None]) -> Item:
+    """One archived image with its caption, taken out of `unmatched`, or Skip when it has none."""
+    ext = next((e for e in IMAGE_EXTS if e in fields), None)
+    file_name = f"{os.path.basename(name)}.{ext}"
+    if ext is None or os.path.dirname(name) != folder or file_name not in unmatched:
+        return Skip("image_without_caption")
+    return _sample(folder, file_name, fields[ext], unmatched.pop(file_name))
+
+
 def read_journeydb_archive(path: Path, folder: str, captions: dict[str, str | None]) -> Iterator[Item]:
     """Samples of one `imgs/NNN.tgz`, read as a stream (never extracted)."""
     unmatched = dict(captions)
-    for item in iter_tar_samples(path):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        name, fields = item
-        ext = next((e for e in IMAGE_EXTS if e in fields), None)
-        file_name = f"{os.path.basename(name)}.{ext}"
-        if ext is None or os.path.dirname(name) != folder or file_name not in unmatched:
-            yield Skip("image_without_caption")
-            continue
-        yield _sample(folder, file_name, fields[ext], unmatched.pop(file_name))
+    yield from tar_items(path, partial(_archive_item, folder=folder, unmatched=unmatched))
     if unmatched:
         yield Skip("caption_without_image", len(unmatched))
 
@@ -114,17 +105,17 @@ def read_journeydb_folder(path: Path, captions: dict[str, str | None]) -> Iterat
 def plan_journeydb(annotations: list[str | Path], imgs: str | Path, caption_field: str = "prompt") -> SourcePlan:
     """One unit per image archive or folder in `imgs` (folders win over archives of the same name)."""
     if caption_field not in CAPTION_FIELDS:
-        raise ValueError(f"--caption-field must be one of {CAPTION_FIELDS}, got {caption_field!r}")
+        raise ConfigError(f"--caption-field must be one of {CAPTION_FIELDS}, got {caption_field!r}")
     anno_paths = [Path(p) for p in annotations]
     for p in anno_paths + [Path(imgs)]:
         if not p.exists():
-            raise ValueError(f"input not found: {p}")
+            raise ConfigError(f"input not found: {p}")
     captions, skipped = read_annotations(anno_paths, caption_field)
     imgs = Path(imgs)
     folders = {p.name: p for p in imgs.iterdir() if p.is_dir() and p.name.isdigit()}
     archives = {p.name.removesuffix(".tgz"): p for p in imgs.glob("*.tgz") if p.name[:-4].isdigit()}
     if not folders and not archives:
-        raise ValueError(f"no NNN.tgz archives or NNN/ folders in {imgs}")
+        raise ConfigError(f"no NNN.tgz archives or NNN/ folders in {imgs}")
     units = []
     for name in sorted(folders.keys() | archives.keys()):
         if name in folders:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
-from maskbench.data.pack import Item, Sample, Skip, SourcePlan, Unit, existing_paths, iter_tar_samples
+from maskbench.data.pack import (Captions, Item, Sample, Skip, SourcePlan, Unit, existing_paths, index_captions,
+                                 tar_items)
 
 
 def _gpt_caption(record: dict) -> str | None:
@@ -25,29 +26,22 @@ def _gpt_caption(record: dict) -> str | None:
     return next((turn.get("value") for turn in record["conversations"] if turn.get("from") == "gpt"), None)
 
 
-def read_captions(paths: list[Path], stems: set[str]) -> tuple[dict[str, dict[str, str | None]], Counter]:
-    """Captions by tar stem and file name, for the given stems; malformed records are counted."""
-    captions: dict[str, dict[str, str | None]] = defaultdict(dict)
-    skipped: Counter = Counter()
+def _record(record: dict, stems: set[str]) -> tuple[str, str, str | None] | None:
+    """(tar stem, file name, caption) of one record; None for a tar not being packed."""
+    stem, _, file_name = record["image"].partition("/")
+    caption = _gpt_caption(record)
+    return (stem, file_name, caption) if stem in stems else None
+
+
+def _lines(paths: list[Path]) -> Iterator[bytes]:
     for path in paths:
         with open(path, "rb") as lines:
-            for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    stem, _, file_name = record["image"].partition("/")
-                    caption = _gpt_caption(record)
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    skipped["bad_caption_record"] += 1
-                    continue
-                if stem not in stems:
-                    continue
-                if file_name in captions[stem]:
-                    skipped["duplicate_caption"] += 1
-                    continue
-                captions[stem][file_name] = caption
-    return captions, skipped
+            yield from lines
+
+
+def read_captions(paths: list[Path], stems: set[str]) -> tuple[Captions, Counter]:
+    """Captions by tar stem and file name, for the given stems; malformed records are counted."""
+    return index_captions(_lines(paths), partial(_record, stems=stems), "bad_caption_record", "duplicate_caption")
 
 
 def _image_id(data: bytes) -> int:
@@ -55,30 +49,27 @@ def _image_id(data: bytes) -> int:
     return int(json.loads(data)["image"]["image_id"])
 
 
+def _item(name: str, fields: dict[str, bytes], unmatched: dict[str, str | None]) -> Item:
+    """One SA-1B sample with its caption, taken out of `unmatched`, or the Skip saying why not."""
+    key = os.path.basename(name)
+    if "jpg" not in fields:
+        return Skip("missing_image")
+    if f"{key}.jpg" not in unmatched:
+        return Skip("image_without_caption")
+    caption = unmatched.pop(f"{key}.jpg")
+    meta = {}
+    if "json" in fields:
+        try:
+            meta["image_id"] = _image_id(fields["json"])
+        except (ValueError, KeyError, TypeError):
+            return Skip("bad_json")
+    return Sample(key, fields["jpg"], caption, meta)
+
+
 def read_sa1b_tar(path: Path, captions: dict[str, str | None]) -> Iterator[Item]:
     """Canonical samples of one SA-1B tar joined with that tar's captions."""
     unmatched = dict(captions)
-    for item in iter_tar_samples(path):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        name, fields = item
-        key = os.path.basename(name)
-        if "jpg" not in fields:
-            yield Skip("missing_image")
-            continue
-        if f"{key}.jpg" not in unmatched:
-            yield Skip("image_without_caption")
-            continue
-        caption = unmatched.pop(f"{key}.jpg")
-        meta = {}
-        if "json" in fields:
-            try:
-                meta["image_id"] = _image_id(fields["json"])
-            except (ValueError, KeyError, TypeError):
-                yield Skip("bad_json")
-                continue
-        yield Sample(key, fields["jpg"], caption, meta)
+    yield from tar_items(path, partial(_item, unmatched=unmatched))
     if unmatched:
         yield Skip("caption_without_image", len(unmatched))
 

@@ -33,25 +33,21 @@ matplotlib.use("Agg")  # files only: no display on clusters or CI
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from safetensors.torch import load_file
-from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from tqdm import tqdm
 
 from maskbench.config import ConfigError, RunConfig, load_run_config
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.data.shards import make_loader
-from maskbench.models.build import batch_context, build_model
+from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.text import with_token_ids
+from maskbench.models.objective import downscale, flow_loss
 from maskbench.results.stats import debiased_cosine
 from maskbench.train.checkpoint import RunDir
-from maskbench.train.loop import step_generators
-from maskbench.train.objective import downscale, flow_loss
+from maskbench.train.schedule import step_generators
 
 CSV_FIELDS = ("route", "mask_ratio", "t_lo", "t_hi", "n_batches", "groups", "cosine", "ci_lo", "ci_hi",
               "naive_cosine")
-WEIGHTS_FILE = "model.safetensors"  # the raw model in an accelerate `save_state` folder
 GRAM_CHUNK = 1 << 18  # parameters per fp64 Gram update: bounds the fp64 copy at groups·(1+R)·2 MiB
 
 
@@ -78,19 +74,14 @@ def load_trained_model(run: RunDir, cfg: RunConfig, data: DatasetInfo, device: t
     ckpt = run.latest_checkpoint()
     if ckpt is None:
         raise ConfigError(f"{run.root} has no checkpoint yet; train it first (`maskbench run ...`)")
-    state = load_file(ckpt / WEIGHTS_FILE)
-    consume_prefix_in_state_dict_if_present(state, "module.")  # saved from the DDP wrapper on several processes
     model = build_model(cfg.model, data)
-    model.load_state_dict(state)
+    model.load_state_dict(run.raw_weights(ckpt))
     return model.to(device).train(), ckpt
 
 
 def probe_batches(cfg: RunConfig, data: DatasetInfo, n: int, batch_size: int, seed: int) -> list[dict]:
     """n training batches read once, from a loader seeded like a training stream but with the probe's seed."""
-    decode = data.decode
-    if not data.latent:
-        decode = functools.partial(with_token_ids, decode=decode, context_len=cfg.model.text_len)
-    loader = make_loader(data.train_source, batch_size=batch_size, seed=seed, decode=decode,
+    loader = make_loader(data.train_source, batch_size=batch_size, seed=seed, decode=loader_decoder(data, cfg.model),
                          max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer)
     return list(itertools.islice(loader, n))
 
@@ -143,7 +134,7 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
                   device: torch.device | None = None, max_memory_gb: float = 16.0) -> list[dict]:
     """Write RUN_DIR/probe/gradfid.csv and gradfid.png; return the rows (one per route × t bin)."""
     if bins < 1 or batches < 3 or batch_size < 1:
-        raise ValueError(f"need bins >= 1, batches >= 3 (the jackknife drops one of >= 3) and batch size >= 1; "
+        raise ConfigError(f"need bins >= 1, batches >= 3 (the jackknife drops one of >= 3) and batch size >= 1; "
                          f"got {bins}, {batches}, {batch_size}")
     run = RunDir(Path(run_dir))
     cfg = load_run_config(run.root)

@@ -30,17 +30,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from maskbench.config import ConfigError, RunConfig, load_run_config, run_id
+from maskbench.config import ConfigError, RunConfig, UserError, load_run_config, run_id
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs, load_samples, validation_loss
-from maskbench.eval.fid import MissingWeights
-from maskbench.eval.reevaluate import EMA_FILE, load_point
+from maskbench.runs.reevaluate import load_point
 from maskbench.models.build import build_model
 from maskbench.results.leaderboard import read_rows
 from maskbench.train.checkpoint import RunDir, environment
-from maskbench.train.loop import make_accelerator, train
+from maskbench.runs.launch import train
+from maskbench.train.loop import make_accelerator
 
 GPU_TOLERANCE = 1e-3     # relative, on losses and weights, when reruns happen on a GPU
 METRIC_TOLERANCE = 1e-6  # relative, image metrics recomputed from the very same PNGs
@@ -91,9 +90,9 @@ def trace_mismatch(got: list[float], want: list[float], tolerance: float) -> str
 
 
 def checkpoint_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The raw weights (model.safetensors) and EMA weights of a checkpoint: what a rerun must reproduce."""
-    ema = torch.load(ckpt / EMA_FILE, weights_only=True)["model"]
-    return {**load_file(ckpt / "model.safetensors"), **{f"ema.{name}": value for name, value in ema.items()}}
+    """The raw and EMA weights of a checkpoint: what a rerun must reproduce."""
+    ema = RunDir.ema_weights(ckpt)
+    return {**RunDir.raw_weights(ckpt), **{f"ema.{name}": value for name, value in ema.items()}}
 
 
 def digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -215,7 +214,7 @@ def recompute_point(run: RunDir, point: float, evaluator: Evaluator, model: torc
     cfg = evaluator.cfg
     val_loss, _ = validation_loss(model, evaluator.evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size,
                                   evaluator.device, cfg.val_samples)
-    sample_dir = run.samples / f"point-{point:g}"  # decoded images, on latent data
+    sample_dir = run.point_samples(point)  # decoded images, on latent data
     if not any(sample_dir.glob("[0-9]*.png")):
         raise FileNotFoundError(f"no sample PNGs in {sample_dir}")
     return {"val_loss": val_loss, **evaluator.image_metrics(load_samples(sample_dir))}
@@ -299,7 +298,7 @@ def repro_main(run_dir: str | Path, steps: int | None = None, tolerance: float |
             raise ConfigError(f"--tolerance must be >= 0, got {tolerance:g}")
         data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
         check_eval_inputs(data, cfg.eval)
-    except (ValueError, MissingWeights) as err:
+    except UserError as err:  # `repro_main` is also called directly: it reports its bad input itself
         print(f"maskbench repro: error: {err}", file=sys.stderr)
         return 2
     if tolerance is None:

@@ -15,27 +15,18 @@ from maskbench.config import ConfigError, RunConfig, load_run_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs
 from maskbench.models.build import build_model
+from maskbench.runs.launch import leaderboard_row, record_point
 from maskbench.train.checkpoint import RunDir, TrainState
-from maskbench.train.loop import leaderboard_row
-
-EMA_FILE, STATE_FILE = "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl"  # registration order in Trainer
-
-
-def available_points(run: RunDir) -> list[float]:
-    return sorted(float(path.name.removeprefix("point-")) for path in run.checkpoints.glob("point-*"))
 
 
 def load_point(run: RunDir, point: float, model: torch.nn.Module) -> TrainState:
     """Load the EMA weights saved at an eval point into model; return the training counters there."""
     ckpt = run.point_checkpoint(point)
     if not ckpt.is_dir():
-        have = ", ".join(f"{p:g}" for p in available_points(run)) or "none"
+        have = ", ".join(f"{p:g}" for p in run.saved_points()) or "none"
         raise ConfigError(f"{run.root} has no checkpoint for point {point:g} (have: {have})")
-    # map_location: a checkpoint written on a GPU loads anywhere; load_state_dict copies onto the model's device.
-    model.load_state_dict(torch.load(ckpt / EMA_FILE, weights_only=True, map_location="cpu")["model"])
-    state = TrainState()
-    state.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=True, map_location="cpu"))
-    return state
+    model.load_state_dict(run.ema_weights(ckpt))
+    return run.train_state(ckpt)
 
 
 def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrides: RunConfig | None = None,
@@ -46,7 +37,7 @@ def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrid
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
     check_eval_inputs(data, cfg.eval)
-    points = points or available_points(run)
+    points = points or run.saved_points()
     model = build_model(cfg.model, data).to(device).eval()
     params = sum(p.numel() for p in model.parameters())
     env = json.loads(run.env.read_text())
@@ -54,10 +45,10 @@ def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrid
     rows = []
     for point in points:
         state = load_point(run, point, model)
-        result = evaluator.evaluate(model, run.samples / f"point-{point:g}")
+        result = evaluator.evaluate(model, run.point_samples(point))
         trained = [r for r in run.eval_records() if r["point"] == point]  # MFU is a training figure: keep it
         row = leaderboard_row(cfg, data, state, point, result, params, env["n_devices"], env["device"],
                               trained[-1].get("mfu") if trained else None)
-        run.record_eval(row, result, cfg.paths.leaderboard)
+        record_point(run, row, result, cfg.paths.leaderboard)
         rows.append(row)
     return rows

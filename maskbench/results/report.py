@@ -1,0 +1,45 @@
+"""`maskbench leaderboard`: read CSVs, print the per-arm summary, optionally plot.
+
+Apart from `leaderboard.py` (the CSV's schema and locked appends) so that writers of rows need neither
+scipy nor matplotlib, and so the three modules import one way: leaderboard <- stats <- plots <- report.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from maskbench.results import stats
+from maskbench.results.leaderboard import DEFAULT_CSV, read_rows
+
+
+def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
+                     baseline: str = "mask0", on_error: str = "skip") -> int:
+    """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
+
+    With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
+    or error policy, a malformed row under abort) prints one line on stderr and returns 2; files
+    without a single row return 1.
+    """
+    from maskbench.results import plots  # matplotlib: only once a summary is to be printed or drawn
+
+    paths = list(paths) or [DEFAULT_CSV]
+    missing = [path for path in paths if not Path(path).is_file()]
+    try:
+        if missing:
+            raise ValueError(f"no such leaderboard CSV: {', '.join(missing)}")
+        if fmt not in stats.FORMATS:
+            raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(stats.FORMATS)}")
+        rows = read_rows(paths, on_error)
+        if not rows:
+            print(f"no leaderboard rows in {', '.join(paths)}", file=sys.stderr)
+            return 1
+        summary = stats.summarize(rows, baseline_arm=baseline)
+        print(stats.render(summary, fmt))
+        if plot:
+            print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

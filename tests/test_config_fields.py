@@ -1,0 +1,28 @@
+"""The dotted names that decide what names a run are real fields: a renamed field must not silently
+rename every run (or start hashing a path)."""
+
+from __future__ import annotations
+
+import pytest
+
+from maskbench import config
+from maskbench.config import RunConfig, to_dict
+
+
+def dotted_fields(tree: dict, prefix: str = "") -> set[str]:
+    """Every field of a config tree and every group above it, as dotted names."""
+    names = set()
+    for key, value in tree.items():
+        names.add(f"{prefix}{key}")
+        if isinstance(value, dict):
+            names |= dotted_fields(value, f"{prefix}{key}.")
+    return names
+
+
+@pytest.mark.parametrize("listing", ["_NOT_RESULT_FIELDS", "_HASHED_WHEN_SET"])
+def test_every_listed_field_exists(listing: str) -> None:
+    assert sorted(getattr(config, listing) - dotted_fields(to_dict(RunConfig()))) == []
+
+
+def test_a_field_is_either_hashed_when_set_or_never_hashed() -> None:
+    assert config._NOT_RESULT_FIELDS & config._HASHED_WHEN_SET == set()
