@@ -29,6 +29,7 @@ def imports(path: Path) -> set[str]:
             found |= {alias.name for alias in node.names if alias.name.startswith("maskbench")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("maskbench"):
             found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from package import module`
     return found
 
 

@@ -60,3 +60,17 @@ def test_the_machine_peak_is_measured_once_and_then_read_from_its_cache(tmp_path
     monkeypatch.setattr(mfu_module, "measure_gemm_peak", no_second_measurement)
     assert cached_gemm_peak(torch.device("cpu"), "fp32") == first
     assert device_peak(torch.device("cpu"), "fp32") == (first, f"measured:{tmp_path / 'gemm_peak.json'}")
+
+
+def test_remeasure_replaces_a_cached_peak_and_records_the_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASKBENCH_CACHE", str(tmp_path))
+    figures = iter([1e9, 2e9, 3e9, 7e9, 8e9, 9e9])
+
+    class Measure:  # what cached_gemm_peak calls: measure_gemm_peak.__wrapped__(device, precision, n=, reps=)
+        __wrapped__ = staticmethod(lambda *args, **kwargs: next(figures))
+    monkeypatch.setattr(mfu_module, "measure_gemm_peak", Measure)
+    assert cached_gemm_peak(torch.device("cpu"), "fp32") == 3e9
+    assert cached_gemm_peak(torch.device("cpu"), "fp32") == 3e9                       # cached
+    assert cached_gemm_peak(torch.device("cpu"), "fp32", remeasure=True) == 9e9       # measured again
+    [entry] = json.loads((tmp_path / "gemm_peak.json").read_text()).values()
+    assert entry["rounds"] == [7e9, 8e9, 9e9] and entry["load_avg_1min"] >= 0
