@@ -33,7 +33,7 @@ from PIL import Image
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
 from maskbench.data.encode import LATENT_DTYPE
-from maskbench.data.pack import commit_unit, merge_parts, sha256_file
+from maskbench.data.pack import commit_unit, merge_parts
 from maskbench.data.shards import (
     TAR_MTIME,
     CanonicalShardWriter,
@@ -42,6 +42,7 @@ from maskbench.data.shards import (
     encode_npy,
     make_loader,
     read_manifest,
+    shard_entry,
     shard_urls,
 )
 from maskbench.data.synth import caption, render, sample_scene, write_synth
@@ -130,7 +131,7 @@ def write_latent_shards(out_dir: Path, n: int, seed: int = 0) -> Path:
             for index in range(start, min(start + SHARD_SIZE, n)):
                 sink.write(_latent_sample(f"{index:09d}", rng))
         count = min(SHARD_SIZE, n - start)
-        shards = [{"name": name, "count": count, "sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}]
+        shards = [shard_entry(tmp / name, count)]
         commit_unit(out_dir, stem, tmp, {"shards": shards, "total": count, "skipped": {}})
     merge_parts(out_dir, header, {})
     return out_dir

@@ -30,31 +30,11 @@ from maskbench.models.presets import PRESETS, ModelConfig, check_model
 CONF_DIR = Path(__file__).parent / "conf"
 
 
-class Schedule(StrEnum):
-    """The LR schedule after the linear warm-up."""
-    constant = "constant"
-    cosine = "cosine"
-
-
-class Precision(StrEnum):
-    """Mixed precision: auto is bf16 on GPUs and fp32 (no) on CPU."""
-    auto = "auto"
-    no = "no"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class Attention(StrEnum):
-    """auto: SDPA picks flash / memory-efficient kernels; math forces the reference kernel."""
-    auto = "auto"
-    math = "math"
-
-
-class Tracker(StrEnum):
-    """Experiment tracking through accelerate (maskbench.train.tracking)."""
-    none = "none"
-    tensorboard = "tensorboard"
-    wandb = "wandb"
+# The string options, validated by OmegaConf (a value outside the list is refused with the list).
+Schedule = StrEnum("Schedule", "constant cosine")            # the LR schedule after the linear warm-up
+Precision = StrEnum("Precision", "auto no bf16 fp16")         # auto: bf16 on GPUs, fp32 (no) on CPU
+Attention = StrEnum("Attention", "auto math")                 # auto: SDPA picks flash / memory-efficient kernels
+Tracker = StrEnum("Tracker", "none tensorboard wandb")        # experiment tracking (maskbench.train.tracking)
 
 
 class UserError(Exception):

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from maskbench.config import ConfigError
 from maskbench.data.shards import (PIL_FORMATS, BadSample, CanonicalShardWriter, Skip, build_manifest, group_samples,
                                     read_manifest)
-from maskbench.files import sha256_file, write_json_atomic  # sha256_file: benchmarks/loader.py imports it from here
+from maskbench.files import write_json_atomic
 
 PACKER_VERSION = "1"
 PARTS = ".parts"  # one committed unit's manifest per file

@@ -11,25 +11,9 @@ from enum import StrEnum
 from typing import Callable
 
 
-class Kernels(StrEnum):
-    """Gather/scatter implementation: auto (Triton on CUDA), torch (the reference), triton."""
-    auto = "auto"
-    torch = "torch"
-    triton = "triton"
-
-
-class LongSkip(StrEnum):
-    """Long-skip fusion: none, concat_ln (Skip-DiT: concat -> LayerNorm -> Linear), concat (U-ViT)."""
-    none = "none"
-    concat_ln = "concat_ln"
-    concat = "concat"
-
-
-class SkipScale(StrEnum):
-    """Skip scaling: none, scalelong (the n-th skip fused is scaled by kappa^(n-1)), constant (1/sqrt 2)."""
-    none = "none"
-    scalelong = "scalelong"
-    constant = "constant"
+Kernels = StrEnum("Kernels", "auto torch triton")              # gather/scatter: auto is Triton on CUDA
+LongSkip = StrEnum("LongSkip", "none concat_ln concat")       # concat_ln: Skip-DiT's fusion; concat: U-ViT's
+SkipScale = StrEnum("SkipScale", "none scalelong constant")   # scalelong: the n-th skip times kappa^(n-1)
 
 
 @dataclass
