@@ -39,14 +39,23 @@ class ModelConfig:
 
 
 def tiny() -> ModelConfig: return ModelConfig()
+# MicroDiT-shaped (deferred masking): a patch mixer on all tokens before the drop, about MicroDiT's
+# 6 mixer : 28 backbone blocks. micro_s is tiny plus one mixer block: the mission arms' default model.
+def micro_xs() -> ModelConfig: return ModelConfig(name="micro_xs", width=64, heads=2, mixer_depth=1)
+def micro_s() -> ModelConfig: return ModelConfig(name="micro_s", mixer_depth=1)
+def micro_m() -> ModelConfig: return ModelConfig(name="micro_m", width=192, depth=6, heads=6, mixer_depth=1)
 def dit_s2() -> ModelConfig: return ModelConfig(name="dit_s2", depth=12, width=384, heads=6, patch_size=2)
 def dit_b2() -> ModelConfig: return ModelConfig(name="dit_b2", depth=12, width=768, heads=12, patch_size=2)
 def dit_l2() -> ModelConfig: return ModelConfig(name="dit_l2", depth=24, width=1024, heads=16, patch_size=2)
 def dit_xl2() -> ModelConfig: return ModelConfig(name="dit_xl2", depth=28, width=1152, heads=16, patch_size=2)
+# MicroDiT's XL/2 shape at one width (its mixer is 768 wide, its backbone 1024 and mixture-of-experts: not modelled).
+def microdit_xl2() -> ModelConfig: return ModelConfig(name="microdit_xl2", depth=28, width=1024, heads=16,
+                                                      patch_size=2, mixer_depth=6)
 
 
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
-    "tiny": tiny, "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2,
+    "tiny": tiny, "micro_xs": micro_xs, "micro_s": micro_s, "micro_m": micro_m,
+    "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2, "microdit_xl2": microdit_xl2,
 }
 
 
