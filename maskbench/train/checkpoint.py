@@ -55,7 +55,7 @@ class TrainState:
     skipped_grad_norm: int = 0          # optimizer steps skipped by train.skip_step_grad_norm
     switch_step: int | None = None      # the step the first phase ended at (by its rule or its budget)
     phase_ends: dict = field(default_factory=dict)  # phase index -> its steps, for phases a rule ended
-    rule_previous: float | None = None  # a rule's metric at its last check (the growth rule compares with it)
+    rule: dict = field(default_factory=dict)  # what a phase's rule remembers between checks (`switch.crossed`)
 
     def state_dict(self) -> dict:
         return asdict(self)

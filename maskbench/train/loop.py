@@ -380,7 +380,7 @@ class Trainer:
             state.switch_step = phase.start
             self.accelerator.print(f"switched to phase {phase.index} at step {phase.start}")
         if phase.until is not None and state.step == phase.start and not watches_val_loss(phase.until):
-            state.rule_previous = skip_weight_norm(model)
+            state.rule = {"previous": skip_weight_norm(model)}
 
     def _check_rule(self, phase: PhasePlan) -> dict:
         """After a step of a rule phase, every `until.every` steps before its cap: measure, and if the rule
@@ -393,10 +393,9 @@ class Trainer:
             value = self.validation(self, self.ema.model)
         else:
             value = skip_weight_norm(self.accelerator.unwrap_model(self.model))
-        fired = crossed(until, value, state.rule_previous, self.start.val_loss if self.start else None)
+        fired = crossed(until, value, state.rule, self.start.val_loss if self.start else None)
         if self.accelerator.num_processes > 1:  # one decision for every rank
             fired = broadcast_object_list([fired])[0]
-        state.rule_previous = value
         record = {"until": {"phase": phase.index, "value": value, "fired": fired}}
         if fired:
             state.phase_ends = {**state.phase_ends, phase.index: done}

@@ -3,7 +3,7 @@
 Skip-DiT converts a trained DiT in two stages (train only the new skip layers, then everything) and
 leaves the switch to the user, who is told to watch the skip Linear layers' weight and bias norms so as
 not to over-train stage 1. A phase's `until` makes that a rule, checked every `until.every` steps of the
-phase: the skip layers' weight norm grew by less than a fraction over the last check interval, or the
+phase: the skip layers' weight-norm growth over a check interval fell below a fraction, or the
 (EMA) fixed-t validation loss is back within a fraction of the source run's. The phase's `fraction` is
 its cap; when the rule fires, the plan moves the rest of its budget to the next phase (`plan_phases`).
 """
@@ -26,9 +26,21 @@ def watches_val_loss(until: Until) -> bool:
     return until.val_loss_within is not None
 
 
-def crossed(until: Until, value: float, previous: float | None, reference: float | None) -> bool:
-    """Whether the rule fires at a check that measured `value` (`previous`: the last check's, or the
-    phase start's; `reference`: the source run's validation loss)."""
+def crossed(until: Until, value: float, memory: dict, reference: float | None) -> bool:
+    """Whether the rule fires at a check that measured `value` (`reference`: the source run's validation
+    loss). `memory` carries what the next check needs, and is saved with the train state: the growth rule's
+    last norm (the phase start's before its first check) and whether growth has yet reached the threshold.
+
+    The growth rule fires where the growth per check interval *falls* below the threshold: at the start
+    of a phase, under the LR warm-up, the skip weights barely move, and that is not the plateau Skip-DiT
+    means by "stop stage 1 before it over-trains".
+    """
     if watches_val_loss(until):
         return value <= (1 + until.val_loss_within) * reference
-    return previous is not None and (value - previous) / previous < until.skip_norm_growth_below
+    previous, memory["previous"] = memory.get("previous"), value
+    if previous is None:
+        return False
+    growth = (value - previous) / previous
+    fired = memory.get("armed", False) and growth < until.skip_norm_growth_below
+    memory["armed"] = memory.get("armed", False) or growth >= until.skip_norm_growth_below
+    return fired
