@@ -35,6 +35,8 @@ Schedule = StrEnum("Schedule", "constant cosine")            # the LR schedule a
 Precision = StrEnum("Precision", "auto no bf16 fp16")         # auto: bf16 on GPUs, fp32 (no) on CPU
 Attention = StrEnum("Attention", "auto math")                 # auto: SDPA picks flash / memory-efficient kernels
 Tracker = StrEnum("Tracker", "none tensorboard wandb")        # experiment tracking (maskbench.train.tracking)
+Trainable = StrEnum("Trainable", "all skips")                 # what a phase trains: skips = the long-skip layers only
+InitWeights = StrEnum("InitWeights", "ema raw")               # which weights of an init_from source a run starts from
 
 
 class UserError(Exception):
@@ -47,9 +49,24 @@ class ConfigError(UserError, ValueError):
 
 
 @dataclass
+class Until:
+    """A rule that ends a phase early (its `fraction` is then a cap); checked every `every` steps of the phase.
+
+    val_loss_within=X: the EMA weights' fixed-t validation loss is within X (relative) of the init_from
+    source's at the point it was loaded from. skip_norm_growth_below=Y: the long-skip Linear layers' weight
+    norm grew by less than Y (relative) over the last `every` steps (Skip-DiT's advice for stage 1).
+    """
+    val_loss_within: Optional[float] = None
+    skip_norm_growth_below: Optional[float] = None
+    every: int = 25
+
+
+@dataclass
 class Phase:
     mask_ratio: float = 0.0  # fraction of patch tokens dropped per sample
-    fraction: float = 1.0    # fraction of the FLOPs budget this phase spends
+    fraction: float = 1.0    # fraction of the FLOPs budget this phase spends (its cap, with `until`)
+    trainable: Trainable = Trainable.all  # skips: every parameter but the long-skip layers' is frozen
+    until: Optional[Until] = None         # end the phase when a rule fires; the rest of its budget moves on
 
 
 @dataclass
@@ -135,6 +152,8 @@ class TrainConfig:
     mae_weight: float = 0.0        # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
     downscale_window: list[float] = field(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
     downscale_factor: int = 2      # 1/factor resolution (pixel synth data; FLOPs counted at that resolution)
+    skip_step_grad_norm: Optional[float] = None  # Skip-DiT's guard: no optimizer step when the global grad norm
+                                                 # (before clipping) is non-finite or above this; counted
 
 
 @dataclass
@@ -154,6 +173,10 @@ class RunConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0
+    # RUN_DIR or RUN_DIR@POINT: start from another run's weights (`maskbench.runs.launch.load_source`). The
+    # source's FLOPs are not part of this run's budget; its run id names this run (config_hash).
+    init_from: Optional[str] = None
+    init_weights: InitWeights = InitWeights.ema
 
 
 # Fields added after the first results landed: hashed only when set, so runs that do not use them keep
@@ -161,7 +184,10 @@ class RunConfig:
 _HASHED_WHEN_SET = {
     "model.long_skip", "model.skip_scale", "model.skip_kappa", "model.decoder_depth",
     "train.mae_weight", "train.downscale_window", "train.downscale_factor",
+    "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
 }
+# The same for the fields of each phase (a list element, so not a dotted name above).
+_PHASE_HASHED_WHEN_SET = {"trainable", "until"}
 
 # Fields that cannot change what a run learns or measures; everything else names the run.
 _NOT_RESULT_FIELDS = {
@@ -323,6 +349,7 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"arm {cfg.arm.name!r}: mask ratio {phase.mask_ratio} is outside [0, 1)")
         if not 0.0 < phase.fraction <= 1.0:
             raise ConfigError(f"arm {cfg.arm.name!r}: phase fraction {phase.fraction} is outside (0, 1]")
+        _validate_phase_options(cfg, phase)
     total = sum(p.fraction for p in phases)
     if not math.isclose(total, 1.0, abs_tol=1e-6):
         raise ConfigError(f"arm {cfg.arm.name!r}: phase fractions sum to {total:g}, not 1")
@@ -366,8 +393,38 @@ def _validate_ranges(cfg: RunConfig) -> None:
     if train.lr <= 0 or train.grad_clip <= 0 or train.weight_decay < 0:
         raise ConfigError(f"train.lr and train.grad_clip must be positive and train.weight_decay >= 0; got "
                           f"{train.lr:g}, {train.grad_clip:g}, {train.weight_decay:g}")
+    if train.skip_step_grad_norm is not None and not train.skip_step_grad_norm > 0:
+        raise ConfigError(f"train.skip_step_grad_norm must be positive (or null), got {train.skip_step_grad_norm:g}")
+    if cfg.init_from is not None:
+        split_source(cfg.init_from)  # a malformed @POINT is refused here; the run itself in runs.launch
     if not ev.val_t or any(not 0.0 < t < 1.0 for t in ev.val_t):
         raise ConfigError(f"eval.val_t must be times in (0, 1), got {list(ev.val_t)}")
+
+
+def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
+    """A skips-only phase and a switch rule: what they need (long skips, a source run, one rule)."""
+    name = cfg.arm.name
+    if phase.trainable == Trainable.skips:
+        if cfg.model.long_skip == "none" or cfg.init_from is None:
+            raise ConfigError(f"arm {name!r}: a `trainable: skips` phase trains new long-skip layers on a trained "
+                              "DiT: it needs model.long_skip and init_from=RUN_DIR")
+        if cfg.train.downscale_window or cfg.model.mixer_depth or cfg.model.decoder_depth:
+            raise ConfigError(f"arm {name!r}: a `trainable: skips` phase is counted for the plain long-skip DiT "
+                              "(no downscale window, mixer or decoder blocks)")
+    until = phase.until
+    if until is None:
+        return
+    rules = [r for r in (until.val_loss_within, until.skip_norm_growth_below) if r is not None]
+    if len(rules) != 1 or rules[0] < 0 or until.every < 1:
+        raise ConfigError(f"arm {name!r}: `until` takes one of val_loss_within / skip_norm_growth_below (>= 0) "
+                          f"and every >= 1, got {until}")
+    if phase is cfg.arm.phases[-1]:
+        raise ConfigError(f"arm {name!r}: the last phase cannot end early (`until`): its budget has nowhere to go")
+    if until.val_loss_within is not None and cfg.init_from is None:
+        raise ConfigError(f"arm {name!r}: until.val_loss_within compares with the init_from source's validation "
+                          "loss: give init_from=RUN_DIR")
+    if until.skip_norm_growth_below is not None and cfg.model.long_skip == "none":
+        raise ConfigError(f"arm {name!r}: until.skip_norm_growth_below watches the long-skip layers: set model.long_skip")
 
 
 def _validate_techniques(cfg: RunConfig) -> None:
@@ -414,11 +471,41 @@ def _lookup(tree: dict, dotted: str) -> object:
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """sha256 of the fields that change results (paths, worker counts, kernel choice excluded)."""
+    """sha256 of the fields that change results (paths, worker counts, kernel choice excluded).
+
+    init_from is hashed as the source's run id and point, not its path: the same source moved or named
+    by a relative path is the same start."""
     tree, defaults = to_dict(cfg), to_dict(RunConfig())
     unset = {name for name in _HASHED_WHEN_SET if _lookup(tree, name) == _lookup(defaults, name)}
     relevant = _drop_fields(tree, _NOT_RESULT_FIELDS | unset)
+    phase_defaults = _phase_dict(Phase())
+    relevant["arm"]["phases"] = [{k: v for k, v in phase.items()
+                                  if k not in _PHASE_HASHED_WHEN_SET or v != phase_defaults[k]}
+                                 for phase in relevant["arm"]["phases"]]
+    if cfg.init_from is not None:
+        relevant["init_from"] = source_label(cfg.init_from)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
+
+def _phase_dict(phase: Phase) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(phase), resolve=True, enum_to_str=True)
+
+
+def split_source(init_from: str) -> tuple[Path, Optional[float]]:
+    """RUN_DIR@POINT -> (RUN_DIR, POINT); RUN_DIR alone -> (RUN_DIR, None: its final point)."""
+    path, at, point = init_from.rpartition("@")
+    if not at:
+        return Path(init_from), None
+    try:
+        return Path(path), float(point)
+    except ValueError:
+        raise ConfigError(f"init_from={init_from!r}: expected RUN_DIR or RUN_DIR@POINT (a fraction such as 0.5)") from None
+
+
+def source_label(init_from: str) -> str:
+    """The source's run id, with @point when one was given (the leaderboard's init_from column)."""
+    path, point = split_source(init_from)
+    return path.name if point is None else f"{path.name}@{point:g}"
 
 
 def run_id(cfg: RunConfig) -> str:
@@ -426,5 +513,7 @@ def run_id(cfg: RunConfig) -> str:
 
 
 def format_arm(arm: ArmConfig) -> str:
-    """Compact phase list, e.g. `0.75@75%,0@25%` (the leaderboard's `phases` column)."""
-    return ",".join(f"{p.mask_ratio:g}@{p.fraction * 100:g}%" for p in arm.phases)
+    """Compact phase list, e.g. `0.75@75%,0@25%` (the leaderboard's `phases` column); a rule phase's
+    fraction is a cap (`0@<=30%`) and a skips-only phase says so (`/skips`)."""
+    return ",".join(f"{p.mask_ratio:g}@{'<=' if p.until else ''}{p.fraction * 100:g}%"
+                    f"{'/skips' if p.trainable == Trainable.skips else ''}" for p in arm.phases)

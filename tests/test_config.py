@@ -91,7 +91,7 @@ def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other(
 
     spent = {}
     for arm in known_arms():
-        cfg = load_config([f"arm={arm}"])
+        cfg = load_config([f"arm={arm}", *(["init_from=runs/a-trained-run"] if arm == "lsc_convert" else [])])
         schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
         spent[arm] = schedule.total_flops
         assert spent[arm] <= cfg.budget.flops

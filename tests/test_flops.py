@@ -9,6 +9,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from maskbench.config import Phase
 from maskbench.models.dit import DiT, ModelConfig
 from maskbench.models.presets import PRESETS
 from maskbench.models.masking import random_keep_idx
@@ -115,10 +116,16 @@ def test_sample_step_flops_match_forward_only() -> None:
     assert sample_step_flops(cfg, batch=BATCH, **_setting(cfg)) == pytest.approx(counted, rel=0.02)
 
 
-def _tiny_step_flops(mask_ratio: float, step: int = 0) -> int:
+def _tiny_step_flops(mask_ratio: float) -> int:
     """The synth default: tiny, 32×32 RGB, batch 64."""
     cfg = PRESETS["tiny"]()
     return train_step_flops(cfg, batch=64, mask_ratio=mask_ratio, **_setting(cfg))
+
+
+def _plan(pairs: list[tuple[float, float]], budget: float) -> list:
+    """plan_phases for (mask ratio, fraction) phases at the tiny default's step cost."""
+    return plan_phases([Phase(ratio, fraction) for ratio, fraction in pairs], budget,
+                       lambda phase, step: _tiny_step_flops(phase.mask_ratio))
 
 
 def test_masking_cuts_tiny_step_flops_to_about_a_quarter() -> None:
@@ -128,13 +135,13 @@ def test_masking_cuts_tiny_step_flops_to_about_a_quarter() -> None:
 
 def test_default_arms_spend_the_same_budget() -> None:
     arms = [[(0.0, 1.0)], [(0.75, 1.0)], [(0.75, 0.75), (0.0, 0.25)]]
-    spent = [sum(p.flops for p in plan_phases(arm, 1.5e13, _tiny_step_flops)) for arm in arms]
+    spent = [sum(p.flops for p in _plan(arm, 1.5e13)) for arm in arms]
     assert max(spent) <= 1.01 * min(spent)
     assert all(s <= 1.5e13 for s in spent)
 
 
 def test_plan_gives_each_phase_whole_steps_of_its_share() -> None:
-    plans = plan_phases([(0.75, 0.75), (0.0, 0.25)], 1.5e13, _tiny_step_flops)
+    plans = _plan([(0.75, 0.75), (0.0, 0.25)], 1.5e13)
     assert [p.mask_ratio for p in plans] == [0.75, 0.0]
     for plan, fraction in zip(plans, (0.75, 0.25)):
         per_step = _tiny_step_flops(plan.mask_ratio)
@@ -144,9 +151,9 @@ def test_plan_gives_each_phase_whole_steps_of_its_share() -> None:
 
 def test_plan_rejects_a_budget_too_small_for_one_step() -> None:
     with pytest.raises(ValueError, match="too small for one step of phase 1"):
-        plan_phases([(0.75, 0.99), (0.0, 0.01)], 1e11, _tiny_step_flops)
+        _plan([(0.75, 0.99), (0.0, 0.01)], 1e11)
 
 
 def test_plan_rejects_fractions_not_summing_to_one() -> None:
     with pytest.raises(ValueError, match="sum to 1"):
-        plan_phases([(0.75, 0.5), (0.0, 0.25)], 1e13, _tiny_step_flops)
+        _plan([(0.75, 0.5), (0.0, 0.25)], 1e13)

@@ -218,6 +218,34 @@ class DiT(nn.Module):
         for layer in [*modulations, self.final_layer.linear]:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        self.init_skips(self.cfg.skip_init)
+
+    def init_skips(self, how: str) -> None:
+        """Start the long-skip fusion layers as `model.skip_init` says (last, so no other init moves).
+
+        dit keeps DiT's xavier init above. skipdit is what Skip-DiT's layers get: its `initialize_weights`
+        runs before they are built (class-to-image/models.py), so nn.Linear's and nn.LayerNorm's own
+        defaults. identity is the documented choice for converting a trained DiT: the projection reads
+        the running half of the concatenation through an identity block (weight [I | 0], bias 0), so with
+        `concat` fusion the converted model starts exactly as the source; with `concat_ln` it starts with
+        the running tokens normalised by the concatenation's statistics (near, not at, the identity).
+        """
+        for skip in self.long_skips.values():
+            if how == "skipdit":
+                skip.proj.reset_parameters()
+                if isinstance(skip.norm, nn.LayerNorm):
+                    skip.norm.reset_parameters()
+            elif how == "identity":
+                width = skip.proj.out_features
+                with torch.no_grad():
+                    skip.proj.weight.zero_()
+                    skip.proj.weight[:, :width].copy_(torch.eye(width))
+                    skip.proj.bias.zero_()
+
+    def skip_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) of every long-skip fusion layer: what a skips-only phase trains, and the only
+        keys a converted model may lack in its source's weights (Skip-DiT's `skip_linear`/`skip_norm`)."""
+        return list(self.long_skips.named_parameters(prefix="long_skips"))
 
     def encode_context(self, context: torch.Tensor, context_mask: torch.Tensor,
                        drop_context: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,9 @@ from typing import Callable
 Kernels = StrEnum("Kernels", "auto torch triton")              # gather/scatter: auto is Triton on CUDA
 LongSkip = StrEnum("LongSkip", "none concat_ln concat")       # concat_ln: Skip-DiT's fusion; concat: U-ViT's
 SkipScale = StrEnum("SkipScale", "none scalelong constant")   # scalelong: the n-th skip times kappa^(n-1)
+# The long-skip fusion layers' init (`DiT.init_skips`): dit = xavier like every DiT Linear; skipdit = PyTorch's
+# own Linear/LayerNorm init, as Skip-DiT leaves them; identity = the fused output starts as the running tokens.
+SkipInit = StrEnum("SkipInit", "dit skipdit identity")
 
 
 @dataclass
@@ -35,6 +38,7 @@ class ModelConfig:
     long_skip: LongSkip = LongSkip.none
     skip_scale: SkipScale = SkipScale.none
     skip_kappa: float = 0.5   # ScaleLong's kappa
+    skip_init: SkipInit = SkipInit.dit  # how the long-skip fusion layers start (matters most when converting)
     decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
 
 

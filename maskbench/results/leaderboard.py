@@ -27,14 +27,14 @@ COLUMNS: tuple[str, ...] = (
     "n_devices", "mfu", "val_loss", "fid", "fid_features", "fid_n", "clip_score", "clip_cos",
     "clip_model", "align_acc", "sampler_steps", "cfg_scale", "maskbench_version", "git_sha",
     "config_hash", "created_at", "source", "fid_ref", "fd_dinov2", "fd_dinov2_features",
-    "flops_per_s",
+    "flops_per_s", "init_from", "switch_step",
 )
 # Columns added after CSVs were first written: a file without them reads as if they were empty, and
 # appending to it first rewrites its header (and pads its rows), under the same lock.
-ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s")
+ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s", "init_from", "switch_step")
 INT_COLUMNS = frozenset({
     "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
-    "sampler_steps",
+    "sampler_steps", "switch_step",
 })
 FLOAT_COLUMNS = frozenset({
     "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "val_loss", "fid", "clip_score",

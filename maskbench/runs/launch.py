@@ -3,21 +3,31 @@
 The trainer (`train/`) knows nothing of metrics and evaluation (`eval/`) nothing of training: this
 layer joins them. At each eval point it evaluates the EMA weights (every rank samples, the main
 process scores), then writes the point's line in eval.jsonl, its leaderboard row and its tracker log.
-It is also where a row's format lives (`leaderboard_row`), shared with re-evaluation.
+It is also where a row's format lives (`leaderboard_row`), shared with re-evaluation, and where a
+run that starts from another run's weights (`init_from`) finds and checks them (`load_source`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+from torch import nn
+
 import maskbench
-from maskbench.config import RunConfig, config_hash, format_arm, run_id
-from maskbench.data.dataset import DatasetInfo
-from maskbench.eval.evaluate import Evaluator, check_eval_inputs
+from maskbench.config import (ConfigError, RunConfig, config_hash, format_arm, load_run_config, run_id,
+                              source_label, split_source, to_dict)
+from maskbench.data.dataset import DatasetInfo, resolve_dataset
+from maskbench.eval.evaluate import Evaluator, check_eval_inputs, validation_loss
+from maskbench.models.build import build_model
+from maskbench.models.dit import DiT
+from maskbench.models.presets import ModelConfig
 from maskbench.results.leaderboard import append_rows
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha
-from maskbench.train.loop import Trainer
+from maskbench.train.loop import Start, Trainer
+from maskbench.train.switch import watches_val_loss
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.tracking import log_eval
 
@@ -39,6 +49,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "clip_score": result.get("clip_score"), "clip_cos": result.get("clip_cos"),
         "clip_model": result.get("clip_model"), "align_acc": result.get("align_acc"),
         "sampler_steps": cfg.eval.sampler_steps, "cfg_scale": cfg.eval.cfg_scale,
+        "init_from": source_label(cfg.init_from) if cfg.init_from else None, "switch_step": state.switch_step,
         "maskbench_version": maskbench.__version__, "git_sha": git_sha(), "config_hash": config_hash(cfg),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -56,12 +67,22 @@ class PointRecorder:
     def __init__(self) -> None:
         self.evaluator: Evaluator | None = None  # built at the first point: its networks stay loaded
 
+    def evaluator_for(self, trainer: Trainer) -> Evaluator:
+        if self.evaluator is None:
+            with trainer.accelerator.main_process_first():  # the main process writes missing reference statistics
+                self.evaluator = Evaluator(trainer.data, trainer.cfg.eval, trainer.accelerator.device,
+                                           scores=trainer.accelerator.is_main_process)
+        return self.evaluator
+
+    def validation_loss(self, trainer: Trainer, model: nn.Module) -> float:
+        """The eval points' fixed-t validation loss of `model`, for a `val_loss_within` rule (every rank)."""
+        ev = trainer.cfg.eval
+        return validation_loss(model, self.evaluator_for(trainer).evalset, ev.val_t, ev.noise_seed, ev.batch_size,
+                               trainer.accelerator.device, ev.val_samples)[0]
+
     def __call__(self, trainer: Trainer, point: float) -> None:
         acc, state = trainer.accelerator, trainer.state
-        if self.evaluator is None:
-            with acc.main_process_first():  # the main process writes any missing reference statistics
-                self.evaluator = Evaluator(trainer.data, trainer.cfg.eval, acc.device, scores=acc.is_main_process)
-        result = self.evaluator.evaluate(trainer.ema.model, trainer.run.point_samples(point), acc)
+        result = self.evaluator_for(trainer).evaluate(trainer.ema.model, trainer.run.point_samples(point), acc)
         diagnostics = trainer.block_norms.summary()
         if not acc.is_main_process:
             return
@@ -77,10 +98,73 @@ class PointRecorder:
             log_eval(acc, result, state.step)
 
 
+# Model fields a converted run may change from its source: the long skips it adds, and the kernel choice.
+CONVERTIBLE = {"long_skip", "skip_scale", "skip_kappa", "skip_init", "kernels", "name"}
+
+
+def load_source(cfg: RunConfig) -> Start:
+    """`init_from=RUN_DIR[@POINT]`: that run's weights at its eval point POINT (default: its last one).
+
+    `init_weights=ema` (the default) takes the EMA weights: they are what the source's eval points
+    measured, so the run starts from the model whose validation loss `until.val_loss_within` compares
+    with, and they are what Skip-DiT's train_skip_dit.py loads from a checkpoint that has them. `raw`
+    takes the trained weights. Only weights carry over: the optimizer, the EMA's history, the step and
+    the FLOPs start afresh, and the source's FLOPs are not part of this run's budget (the leaderboard's
+    `init_from` column says where a run started). Checked here, before any work: the source is a run
+    with a checkpoint at that point, its architecture is this run's apart from the long skips, and its
+    weights load strictly except for exactly the skip layers this run adds.
+    """
+    path, point = split_source(cfg.init_from)
+    source_cfg, run = load_run_config(path), RunDir(path)
+    changed = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in CONVERTIBLE
+               and getattr(cfg.model, f.name) != getattr(source_cfg.model, f.name)]
+    if changed:
+        raise ConfigError(f"init_from={cfg.init_from}: its model differs from this run's in {', '.join(changed)} "
+                          "(only the long skips may change)")
+    saved = run.saved_points()
+    point = saved[-1] if point is None and saved else point
+    if point not in saved:
+        raise ConfigError(f"init_from={cfg.init_from}: no checkpoint at point {point} "
+                          f"(have: {', '.join(f'{p:g}' for p in saved) or 'none'})")
+    ckpt = run.point_checkpoint(point)
+    weights = run.ema_weights(ckpt) if cfg.init_weights == "ema" else run.raw_weights(ckpt)
+    with torch.device("meta"):  # shapes only: refuse a mismatch before any data is generated
+        check_source_weights(build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data, create=False)),
+                             weights, cfg.init_from)
+    val_losses = [r["val_loss"] for r in run.eval_records() if r["point"] == point]
+    if any(p.until and watches_val_loss(p.until) for p in cfg.arm.phases):
+        _check_comparable(cfg, source_cfg)
+    return Start(lambda model: model.load_state_dict(weights, strict=False),
+                 val_losses[-1] if val_losses else None)
+
+
+def check_source_weights(model: DiT, weights: dict[str, torch.Tensor], source: str) -> None:
+    """The source's weights must fit `model` key for key and shape for shape, except the skip layers it adds."""
+    expected = model.state_dict()
+    new = {name for name, _ in model.skip_parameters()}
+    missing, unexpected = set(expected) - set(weights) - new, set(weights) - set(expected)
+    mismatched = [k for k in set(expected) & set(weights) if expected[k].shape != weights[k].shape]
+    if missing or unexpected or mismatched:
+        raise ConfigError(f"init_from={source}: its weights do not fit this model (missing {sorted(missing)[:3]}, "
+                          f"unexpected {sorted(unexpected)[:3]}, other shapes {sorted(mismatched)[:3]})")
+
+
+def _check_comparable(cfg: RunConfig, source_cfg: RunConfig) -> None:
+    """A validation loss compared with the source's must be measured the same way, on the same data."""
+    same = [cfg.eval.val_t == source_cfg.eval.val_t, cfg.eval.val_samples == source_cfg.eval.val_samples,
+            cfg.eval.noise_seed == source_cfg.eval.noise_seed, to_dict(cfg)["data"] == to_dict(source_cfg)["data"]]
+    if not all(same):
+        raise ConfigError(f"until.val_loss_within compares with {cfg.init_from}'s validation loss: use its data and "
+                          "eval.val_t / eval.val_samples / eval.noise_seed")
+
+
 def make_trainer(cfg: RunConfig) -> Trainer:
     """A trainer that evaluates and records its eval points; refuses, before any training, a run whose
-    evaluation could not run (missing weights, reference statistics, too few held-out prompts)."""
-    trainer = Trainer(cfg, on_point=PointRecorder())
+    evaluation could not run (missing weights, reference statistics, too few held-out prompts) or whose
+    init_from source does not fit."""
+    start = load_source(cfg) if cfg.init_from else None
+    recorder = PointRecorder()
+    trainer = Trainer(cfg, on_point=recorder, start=start, validation=recorder.validation_loss)
     check_eval_inputs(trainer.data, cfg.eval)
     return trainer
 

@@ -52,6 +52,10 @@ class TrainState:
     data_wait_seconds: float = 0.0
     skipped_nonfinite: int = 0
     bad_samples: dict = field(default_factory=dict)
+    skipped_grad_norm: int = 0          # optimizer steps skipped by train.skip_step_grad_norm
+    switch_step: int | None = None      # the step the first phase ended at (by its rule or its budget)
+    phase_ends: dict = field(default_factory=dict)  # phase index -> its steps, for phases a rule ended
+    rule: dict = field(default_factory=dict)  # what a phase's rule remembers between checks (`switch.crossed`)
 
     def state_dict(self) -> dict:
         return asdict(self)

@@ -92,3 +92,31 @@ def sample_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, conte
     """FLOPs of one sampling forward on all tokens (a CFG step with a doubled batch is batch=2B)."""
     return _model_flops(_Counter(train=False), cfg, image_size, in_channels, context_dim, context_len,
                         batch, 0.0, text_encoder)
+
+
+def skips_only_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
+                          context_len: int, batch: int, mask_ratio: float, text_encoder: bool) -> int:
+    """Forward + backward FLOPs of a step that trains the long-skip layers only (Skip-DiT's stage 1).
+
+    The forward is the usual one. Backward runs only what autograd needs for the skip layers' grads:
+    nothing below the first fusing block (no parameter there trains, and no input needs a grad); from
+    it upward, the input grad of every matmul on the running tokens, but no weight grads (frozen) and
+    nothing for the conditioning and the text keys/values, which need no grad. So: self-attention's
+    products twice (dQ, dK, dV), cross-attention's once (dQ only), adaLN and kv projections not at all.
+    The skip projections get their weight grad, and an input grad where one is needed: above the first
+    one (the running tokens), and in the first one only behind concat_ln's trainable LayerNorm.
+    """
+    forward = _Counter(train=False)
+    width, hidden = cfg.width, int(cfg.width * cfg.mlp_ratio)
+    rows = batch * keep_count((image_size // cfg.patch_size) ** 2, mask_ratio)
+    fusing = sorted(i for i, _ in long_skip_pairs(cfg.depth))
+    token_matmuls = (forward.linear(rows, width, 3 * width) + 3 * forward.linear(rows, width, width)
+                     + forward.transformer_mlp(rows, width, hidden))       # qkv, attn proj, cross q, cross proj
+    block = (token_matmuls + 2 * forward.attention(batch, rows // batch, rows // batch, width)
+             + forward.attention(batch, rows // batch, context_len, width))
+    skip = forward.linear(rows, 2 * width, width)
+    skips = len(fusing) * 2 * skip - (skip if cfg.long_skip != "concat_ln" else 0)  # the first one: weight grad only
+    final = forward.linear(rows, width, cfg.patch_size ** 2 * in_channels)
+    backward = (cfg.depth - fusing[0]) * block + skips + final
+    return _model_flops(forward, cfg, image_size, in_channels, context_dim, context_len, batch, mask_ratio,
+                        text_encoder) + backward

@@ -26,18 +26,20 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list
 from timm.layers import set_fused_attn
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from maskbench.config import ConfigError, RunConfig, run_id, to_dict
+from maskbench.config import ConfigError, RunConfig, Trainable, run_id, to_dict
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.shards import ShardLoader, make_loader
 from maskbench.models.build import batch_context, build_model, loader_decoder
@@ -50,6 +52,7 @@ from maskbench.train.checkpoint import RunDir, TrainState, environment, load_che
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
 from maskbench.train.schedule import PhasePlan, make_schedule, step_generators
+from maskbench.train.switch import crossed, skip_weight_norm, watches_val_loss
 from maskbench.train.tracking import flat_scalars, log_step
 
 
@@ -57,14 +60,15 @@ class TrainingStopped(RuntimeError):
     """Training cannot go on (e.g. non-finite losses in a row); the message says why."""
 
 
-def lr_lambda(cfg: RunConfig, total_steps: int):
+def lr_lambda(cfg: RunConfig, total_steps: Callable[[], int]):
+    """total_steps is read at every step: a phase's rule may end it early and replan the rest."""
     warmup = max(cfg.train.warmup_steps, 0)
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
         if cfg.train.schedule == "cosine":
-            progress = (step - warmup) / max(total_steps - warmup, 1)
+            progress = (step - warmup) / max(total_steps() - warmup, 1)
             return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         return 1.0
     return factor
@@ -90,6 +94,22 @@ def attention_kernels(choice: str) -> contextlib.AbstractContextManager:
     return sdpa_kernel(SDPBackend.MATH) if choice == "math" else contextlib.nullcontext()
 
 
+def set_trainable(model: DiT, trainable: str) -> None:
+    """all: every parameter trains; skips: only the long-skip layers (Skip-DiT's stage 1). Frozen parameters
+    get no gradient, so autograd skips their weight grads and the optimizer leaves them (and their Adam
+    state) untouched."""
+    skips = {id(param) for _, param in model.skip_parameters()}
+    for param in model.parameters():
+        param.requires_grad_(trainable == Trainable.all or id(param) in skips)
+
+
+@dataclass
+class Start:
+    """A run that starts from another run's weights (`init_from`), as `maskbench.runs.launch` loads it."""
+    load: Callable[[DiT], None]   # puts the source's weights into the freshly built model (before the EMA copy)
+    val_loss: float | None        # the source's fixed-t validation loss at that point (`until.val_loss_within`)
+
+
 @contextlib.contextmanager
 def preemption_handler(trainer: "Trainer") -> Iterator[None]:
     """While training, SIGINT/SIGTERM only ask the loop to checkpoint and stop at the end of the step."""
@@ -105,14 +125,24 @@ def preemption_handler(trainer: "Trainer") -> Iterator[None]:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, accelerator: Accelerator | None = None,
-                 on_point: Callable[[Trainer, float], None] | None = None):
-        """on_point(trainer, point) runs on every rank after an eval point's checkpoint (None: checkpoints only)."""
-        self.cfg, self.on_point = cfg, on_point
+                 on_point: Callable[[Trainer, float], None] | None = None, start: Start | None = None,
+                 validation: Callable[[Trainer, nn.Module], float] | None = None):
+        """on_point(trainer, point) runs on every rank after an eval point's checkpoint (None: checkpoints only).
+        start: the init_from source; validation(trainer, model): the fixed-t validation loss a
+        `val_loss_within` rule checks (evaluation lives above training, so it is handed in)."""
+        self.cfg, self.on_point, self.start, self.validation = cfg, on_point, start, validation
         self.accelerator = accelerator or make_accelerator(cfg)
         self.n_streams = self.accelerator.num_processes * cfg.train.grad_accum
         if cfg.train.batch_size % self.n_streams:
             raise ConfigError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
                              f"train.grad_accum = {self.n_streams}")
+        if self.accelerator.num_processes > 1 and any(p.trainable != Trainable.all for p in cfg.arm.phases):
+            raise ConfigError("a `trainable: skips` phase runs on one process: DDP fixes the parameters it "
+                              "all-reduces when it wraps the model")
+        if any(p.until and watches_val_loss(p.until) for p in cfg.arm.phases) and (
+                validation is None or start is None or start.val_loss is None):
+            raise ConfigError("until.val_loss_within needs the source run's validation loss at its point "
+                              "(an init_from source evaluated there)")
         # Plan first: a budget too small for one step is refused before any data is generated.
         planned_data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
         try:
@@ -141,6 +171,8 @@ class Trainer:
         set_fused_attn(True)  # timm's Attention built next uses SDPA even where its settings would not
         # On the accelerator's device before the EMA copies it: the EMA must live where the model trains.
         model = build_model(cfg.model, self.data).to(acc.device)
+        if self.start is not None:
+            self.start.load(model)
         self.params = sum(p.numel() for p in model.parameters())
         self.ema = EMA(model, cfg.train.ema_decay)
         self.block_norms = BlockNorms(model)  # after the EMA copy: only the training model records
@@ -149,11 +181,12 @@ class Trainer:
         fused = cfg.train.fused_optimizer and acc.device.type == "cuda"
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
                                       weight_decay=cfg.train.weight_decay, fused=fused or None)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, self.schedule.total_steps))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, lambda: self.schedule.total_steps))
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         # Static shapes: K changes with the mask ratio, so each phase compiles its own graph once.
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
         self.state = TrainState()
+        self.trainable = Trainable.all  # what the model trains now (a phase may freeze all but the skips)
         acc.register_for_checkpointing(self.ema, self.state)  # this order names their files (checkpoint.EMA_FILE)
         if acc.is_main_process:
             self.run.create(to_dict(cfg), environment(acc))
@@ -168,6 +201,8 @@ class Trainer:
                 raise ConfigError(f"{self.run.root.name} was trained on {trained_on} processes; resume it on "
                                  f"{trained_on} (each process replays its own data streams)")
             load_checkpoint(acc, latest)
+            if self.state.phase_ends:  # rules that fired before the interruption keep their switch
+                self.schedule = make_schedule(cfg, self.data, self.n_streams, self.state.phase_ends)
             if acc.is_main_process:
                 self.run.truncate_logs(self.state.step)
                 print(f"resuming {self.run.root.name} at step {self.state.step}")
@@ -215,16 +250,19 @@ class Trainer:
             losses.append(loss.detach())
         return torch.stack(losses)                                                       # grad_accum
 
-    def apply_update(self, losses_finite: bool) -> tuple[float, bool]:
-        """Clip and step, or drop the gradients of a non-finite step; returns (grad norm, stepped)."""
+    def apply_update(self, losses_finite: bool) -> tuple[float, bool, bool]:
+        """Clip and step, or drop the gradients of a non-finite step, or of one the step guard refuses
+        (`train.skip_step_grad_norm`: the norm before clipping is above it); returns (grad norm, finite, stepped)."""
         grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip))
-        stepped = losses_finite and math.isfinite(grad_norm)
+        finite = losses_finite and math.isfinite(grad_norm)
+        guard = self.cfg.train.skip_step_grad_norm
+        stepped = finite and (guard is None or grad_norm <= guard)
         if stepped:
             self.optimizer.step()
             self.scheduler.step()
             self.ema.update(self.accelerator.unwrap_model(self.model))
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, stepped
+        return grad_norm, finite, stepped
 
     def train_step(self, batch_iters: list, phase: PhasePlan, step: int) -> dict:
         """Read, forward, backward and update; every number returned is the same on every rank."""
@@ -237,8 +275,8 @@ class Trainer:
         stop = float(self.stop_signal is not None)
         local = [[loss, batch_digest(batch), wait, stop] for loss, batch, wait in zip(losses.tolist(), batches, waits)]
         stats = acc.gather(torch.tensor(local, dtype=torch.float64, device=acc.device)).cpu()  # streams×4
-        grad_norm, stepped = self.apply_update(bool(torch.isfinite(stats[:, 0]).all()))
-        return {"loss": stats[:, 0].mean().item(), "grad_norm": grad_norm, "finite": stepped,
+        grad_norm, finite, stepped = self.apply_update(bool(torch.isfinite(stats[:, 0]).all()))
+        return {"loss": stats[:, 0].mean().item(), "grad_norm": grad_norm, "finite": finite, "stepped": stepped,
                 "data_digest": [f"{int(d):08x}" for d in stats[:, 1]],
                 "data_wait": stats[:, 2].view(acc.num_processes, -1).sum(1).max().item(),  # the slowest rank
                 "stop": bool(stats[:, 3].any())}
@@ -257,14 +295,15 @@ class Trainer:
             return self._train(self.make_loaders())
 
     def _train(self, loaders: list[ShardLoader]) -> Path:
-        acc, cfg, schedule, state = self.accelerator, self.cfg, self.schedule, self.state
+        acc, cfg, state = self.accelerator, self.cfg, self.state  # self.schedule: a rule that fires replans it
         batch_iters = [iter(loader) for loader in loaders]
-        bar = tqdm(total=schedule.total_flops, initial=state.flops, unit="FLOP", unit_scale=True,
+        bar = tqdm(total=self.schedule.total_flops, initial=state.flops, unit="FLOP", unit_scale=True,
                    disable=not acc.is_main_process, desc=self.run.root.name, dynamic_ncols=True)
         last_checkpoint, bad_in_row = time.monotonic(), 0
         with open(self.run.metrics, "a") as metrics_log:
-            while state.step < schedule.total_steps:
-                phase, flops = schedule.phase_at(state.step)
+            while state.step < self.schedule.total_steps:
+                phase, flops = self.schedule.phase_at(state.step)
+                self._enter(phase)
                 tick = time.perf_counter()
                 out = self.train_step(batch_iters, phase, state.step)
                 if acc.device.type == "cuda":
@@ -272,6 +311,7 @@ class Trainer:
                 seconds = time.perf_counter() - tick
                 bad_in_row = 0 if out["finite"] else bad_in_row + 1
                 state.skipped_nonfinite += not out["finite"]
+                state.skipped_grad_norm += out["finite"] and not out["stepped"]
                 if bad_in_row >= cfg.train.max_bad_steps:
                     raise TrainingStopped(f"{bad_in_row} non-finite losses in a row at step {state.step}; "
                                           "lower train.lr or check the data")
@@ -281,22 +321,26 @@ class Trainer:
                 state.data_wait_seconds += out["data_wait"]
                 state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
                 diagnostics = self.block_norms.step()
+                switch = self._check_rule(phase)
                 if acc.is_main_process:
                     record = {
                         "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
                         "lr": self.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
                         "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
                         "data_digest": out["data_digest"], "bad_samples": state.bad_samples,
-                        "skipped_nonfinite": state.skipped_nonfinite, **diagnostics}
+                        "skipped_nonfinite": state.skipped_nonfinite, **diagnostics, **switch}
+                    if cfg.train.skip_step_grad_norm is not None:
+                        record["skipped_grad_norm"] = state.skipped_grad_norm
                     metrics_log.write(json.dumps(record) + "\n")
                     if cfg.train.log_with != "none":
                         log_step(acc, record, state.step)
+                bar.total = self.schedule.total_flops
                 bar.update(flops)
-                bar.set_postfix_str(f"step {state.step}/{schedule.total_steps} mask {phase.mask_ratio:g} "
+                bar.set_postfix_str(f"step {state.step}/{self.schedule.total_steps} mask {phase.mask_ratio:g} "
                                     f"loss {out['loss']:.4f}", refresh=False)
-                if state.step in schedule.eval_steps:
+                if state.step in self.schedule.eval_steps:
                     metrics_log.flush()
-                    self._reach_point(schedule.eval_steps[state.step])
+                    self._reach_point(self.schedule.eval_steps[state.step])
                     last_checkpoint = time.monotonic()
                 elif time.monotonic() - last_checkpoint > cfg.train.checkpoint_minutes * 60:
                     save_checkpoint(acc, self.run, f"step-{state.step:08d}", state.step, cfg.train.keep_checkpoints)
@@ -322,6 +366,43 @@ class Trainer:
                                "rerun the same command to resume")
         return self.run.root
 
+
+    # ---------------------------------------------------------------------------------- phases
+    def _enter(self, phase: PhasePlan) -> None:
+        """Before a step: freeze what the phase does not train, note where the first phase ended, and take
+        the baseline of a growth rule at the phase's first step."""
+        model: DiT = self.accelerator.unwrap_model(self.model)
+        if phase.trainable != self.trainable:
+            set_trainable(model, phase.trainable)
+            self.trainable = phase.trainable
+        state = self.state
+        if phase.index > 0 and state.switch_step is None:
+            state.switch_step = phase.start
+            self.accelerator.print(f"switched to phase {phase.index} at step {phase.start}")
+        if phase.until is not None and state.step == phase.start and not watches_val_loss(phase.until):
+            state.rule = {"previous": skip_weight_norm(model)}
+
+    def _check_rule(self, phase: PhasePlan) -> dict:
+        """After a step of a rule phase, every `until.every` steps before its cap: measure, and if the rule
+        fires, end the phase here and replan the rest of the budget. Returns what the step's log records."""
+        until, state = phase.until, self.state
+        done = state.step - phase.start
+        if until is None or done % until.every or done >= phase.steps:
+            return {}
+        if watches_val_loss(until):
+            value = self.validation(self, self.ema.model)
+        else:
+            value = skip_weight_norm(self.accelerator.unwrap_model(self.model))
+        fired = crossed(until, value, state.rule, self.start.val_loss if self.start else None)
+        if self.accelerator.num_processes > 1:  # one decision for every rank
+            fired = broadcast_object_list([fired])[0]
+        record = {"until": {"phase": phase.index, "value": value, "fired": fired}}
+        if fired:
+            state.phase_ends = {**state.phase_ends, phase.index: done}
+            self.schedule = make_schedule(self.cfg, self.data, self.n_streams, state.phase_ends)
+            self.accelerator.print(f"phase {phase.index}'s rule fired after {done} steps (step {state.step}); "
+                                   f"{self.schedule.total_steps - state.step} steps left")
+        return record
 
     # ---------------------------------------------------------------------------------- points
     def _reach_point(self, point: float, save: bool = True) -> None:

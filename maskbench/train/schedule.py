@@ -11,15 +11,15 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from maskbench.config import ConfigError, RunConfig
+from maskbench.config import ConfigError, Phase, RunConfig, Trainable, Until
 from maskbench.data.dataset import DatasetInfo
 from maskbench.models.objective import in_window, sample_t
-from maskbench.train.flops import train_step_flops
+from maskbench.train.flops import skips_only_step_flops, train_step_flops
 
 
 def step_generators(seed: int, stream: int, step: int, device: torch.device
@@ -37,6 +37,10 @@ class PhasePlan:
 
     mask_ratio: float
     flops_per_step: tuple[int, ...]   # the same for every step, unless some samples train downscaled
+    trainable: str = "all"            # all, or skips: only the long-skip layers train (`Phase.trainable`)
+    until: Until | None = None        # the rule that may end it early (`Phase.until`)
+    index: int = 0                    # its place in the arm
+    start: int = 0                    # the global step it starts at
 
     @property
     def steps(self) -> int:
@@ -47,28 +51,36 @@ class PhasePlan:
         return sum(self.flops_per_step)
 
 
-def plan_phases(phases: list[tuple[float, float]], budget_flops: float,
-                step_cost: Callable[[float, int], int]) -> list[PhasePlan]:
-    """Give each (mask_ratio, budget_fraction) phase fraction × budget FLOPs, as whole steps.
+def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callable[[Phase, int], int],
+                ends: Mapping[int, int] | None = None) -> list[PhasePlan]:
+    """Give each phase fraction × budget FLOPs, as whole steps.
 
-    step_cost(mask_ratio, step) is the cost of the run's global step `step` in that phase: constant
-    for most arms, smaller on steps where some samples train at a lower resolution (known in advance,
-    because every step's t is a function of the seed). Stopping before the step that would overrun
-    loses less than one step per phase, so arms with different phase lists spend the same budget to
-    within one step.
+    step_cost(phase, step) is the cost of the run's global step `step` in that phase: constant for
+    most arms, smaller on steps where some samples train at a lower resolution (known in advance,
+    because every step's t is a function of the seed), or in a skips-only phase. Stopping before the
+    step that would overrun loses less than one step per phase, so arms with different phase lists
+    spend the same budget to within one step.
+
+    ends[i] = n: phase i's rule fired after n steps (`Phase.until`); the rest of its allowance moves to
+    phase i + 1, so the run still spends its budget to within one step per phase.
     """
-    if any(fraction <= 0 for _, fraction in phases) or abs(sum(f for _, f in phases) - 1.0) > 1e-6:
-        raise ConfigError(f"phase budget fractions must be positive and sum to 1, got {phases}")
-    plans, start = [], 0
-    for index, (mask_ratio, fraction) in enumerate(phases):
-        allowance, spent, costs = fraction * budget_flops, 0, []
-        while spent + (cost := step_cost(mask_ratio, start + len(costs))) <= allowance:
+    if any(p.fraction <= 0 for p in phases) or abs(sum(p.fraction for p in phases) - 1.0) > 1e-6:
+        raise ConfigError(f"phase budget fractions must be positive and sum to 1, got {[p.fraction for p in phases]}")
+    ends = ends or {}
+    plans, start, carried = [], 0, 0.0
+    for index, phase in enumerate(phases):
+        allowance, spent, costs = phase.fraction * budget_flops + carried, 0, []
+        while len(costs) < ends.get(index, len(costs) + 1):
+            cost = step_cost(phase, start + len(costs))
+            if index not in ends and spent + cost > allowance:
+                break
             costs.append(cost)
             spent += cost
         if not costs:
             raise ConfigError(f"budget {budget_flops:.3g} FLOPs is too small for one step of phase {index} "
-                             f"(mask {mask_ratio}, {fraction:.0%} of the budget): one step costs {cost:.3g}")
-        plans.append(PhasePlan(mask_ratio, tuple(costs)))
+                              f"(mask {phase.mask_ratio}, {phase.fraction:.0%} of the budget): one step costs {cost:.3g}")
+        carried = allowance - spent if index in ends else 0.0
+        plans.append(PhasePlan(phase.mask_ratio, tuple(costs), phase.trainable, phase.until, index, start))
         start += len(costs)
     return plans
 
@@ -96,17 +108,48 @@ class Schedule:
         raise IndexError("step past the end of the schedule")
 
 
-def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int) -> Schedule:
-    """Plan phases by FLOPs, then put each eval point at the first step whose FLOPs reach it."""
+def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mapping[int, int] | None = None) -> Schedule:
+    """Plan phases by FLOPs, then put each eval point at the first step whose FLOPs reach it.
+
+    With `ends` (phases whose rule fired: `plan_phases`), the eval points a run had already reached when
+    a rule fired keep their steps; the later ones move to where the replanned FLOPs reach them.
+    """
     cost = functools.cache(functools.partial(batch_step_flops, cfg, data))  # (mask ratio, downscaled) -> FLOPs
-    phases = plan_phases([(p.mask_ratio, p.fraction) for p in cfg.arm.phases], cfg.budget.flops,
-                         lambda mask_ratio, step: cost(mask_ratio, downscaled_count(cfg, n_streams, step)))
+    frozen = functools.cache(functools.partial(skips_only_batch_flops, cfg, data))  # mask ratio -> FLOPs
+
+    def step_cost(phase: Phase, step: int) -> int:
+        if phase.trainable == Trainable.skips:
+            return frozen(phase.mask_ratio)
+        return cost(phase.mask_ratio, downscaled_count(cfg, n_streams, step))
+
+    ends = dict(ends or {})
+    phases = plan_phases(cfg.arm.phases, cfg.budget.flops, step_cost)
+    eval_steps = _eval_steps(cfg.eval.points, phases)
+    for index in sorted(ends):
+        phases = plan_phases(cfg.arm.phases, cfg.budget.flops, step_cost, {i: ends[i] for i in ends if i <= index})
+        switch = phases[index + 1].start
+        reached = {step: point for step, point in eval_steps.items() if step <= switch}
+        later = {max(step, switch + 1): point for step, point in _eval_steps(cfg.eval.points, phases).items()
+                 if point not in reached.values()}
+        eval_steps = {**reached, **later}
+    return Schedule(phases, eval_steps)
+
+
+def _eval_steps(points: Sequence[float], phases: list[PhasePlan]) -> dict[int, float]:
+    """Each eval point at the first step whose cumulative FLOPs reach that fraction of the plan's."""
     cumulative = list(itertools.accumulate(flops for phase in phases for flops in phase.flops_per_step))
     eval_steps = {}
-    for point in sorted(cfg.eval.points):
+    for point in sorted(points):
         target = point * cumulative[-1] * (1 - 1e-9)
         eval_steps[bisect.bisect_left(cumulative, target) + 1] = point
-    return Schedule(phases, eval_steps)
+    return eval_steps
+
+
+def skips_only_batch_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float) -> int:
+    """FLOPs of one step of the global batch in a skips-only phase (never downscaled: the config refuses it)."""
+    return skips_only_step_flops(cfg.model, data.image_size, data.channels, data.context_dim or cfg.model.text_width,
+                                 data.context_len or cfg.model.text_len, cfg.train.batch_size, mask_ratio,
+                                 text_encoder=not data.latent)
 
 
 def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downscaled: int = 0) -> int:
