@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import yaml
 
-from maskbench.models.presets import PRESETS, ModelConfig, check_model
+from maskbench.models.presets import LEARNED_SKIP_SCALES, PRESETS, ModelConfig, check_model
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -391,6 +391,9 @@ def _validate_techniques(cfg: RunConfig) -> None:
         if any(p.mask_ratio > 0 for p in cfg.arm.phases):
             raise ConfigError("downscaled steps and token dropping are separate arms: "
                               "train.downscale_window needs every phase at mask 0")
+        if model.skip_scale in LEARNED_SKIP_SCALES:
+            raise ConfigError(f"model.skip_scale={model.skip_scale}'s gate is defined on the native token grid: "
+                              "it cannot run the downscaled steps of train.downscale_window")
 
 
 def to_dict(cfg: RunConfig) -> dict:
