@@ -27,8 +27,7 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens
-from maskbench.models.presets import (LEARNED_SKIP_SCALES, SKIP_GATE_REDUCTION, ModelConfig, SkipScale,
-                                      check_model)
+from maskbench.models.presets import SKIP_GATE_REDUCTION, ModelConfig, SkipScale, check_model
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
 
@@ -222,9 +221,8 @@ class DiT(nn.Module):
         pairs = long_skip_pairs(cfg.depth) if cfg.long_skip != "none" else []
         self.long_skips = nn.ModuleDict({str(i): LongSkip(cfg.width, cfg.long_skip, scale)
                                          for (i, _), scale in zip(pairs, skip_scales(cfg))})  # by fusing block
-        gates = (1 if cfg.skip_scale == SkipScale.learned_shared else len(pairs)) \
-            if cfg.skip_scale in LEARNED_SKIP_SCALES else 0
-        self.long_skip_gates = nn.ModuleList(SkipGate(self.seq_len) for _ in range(gates))  # one, or one per skip
+        gates = {SkipScale.learned_shared: 1, SkipScale.learned_per_skip: len(pairs)}.get(cfg.skip_scale, 0)
+        self.long_skip_gates = nn.ModuleList(SkipGate(self.seq_len) for _ in range(gates))  # ScaleLong's LS
         self.decoder = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
         self.mask_token = nn.Parameter(torch.zeros(cfg.width)) if cfg.decoder_depth else None
         self.final_layer = FinalLayer(cfg.width, cfg.patch_size ** 2 * in_channels)
@@ -310,8 +308,8 @@ class DiT(nn.Module):
         """The learned gate (B×K×1) on the skip fused before this block, or None for a fixed scale."""
         if not self.long_skip_gates:
             return None
-        shared = len(self.long_skip_gates) == 1
-        gate = self.long_skip_gates[0 if shared else block - (len(self.blocks) - len(self.long_skips))]
+        nth = block - (len(self.blocks) - len(self.long_skips))                         # innermost skip: 0
+        gate = self.long_skip_gates[0 if self.cfg.skip_scale == SkipScale.learned_shared else nth]
         return gate(skip, keep_idx)
 
     def positions(self, h: int, w: int) -> torch.Tensor:
