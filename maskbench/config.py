@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import yaml
 
-from maskbench.models.presets import PRESETS, ModelConfig, check_model
+from maskbench.models.presets import LEARNED_SKIP_SCALES, PRESETS, ModelConfig, check_model
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -408,9 +408,10 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
         if cfg.model.long_skip == "none" or cfg.init_from is None:
             raise ConfigError(f"arm {name!r}: a `trainable: skips` phase trains new long-skip layers on a trained "
                               "DiT: it needs model.long_skip and init_from=RUN_DIR")
-        if cfg.train.downscale_window or cfg.model.mixer_depth or cfg.model.decoder_depth:
+        if (cfg.train.downscale_window or cfg.model.mixer_depth or cfg.model.decoder_depth
+                or cfg.model.skip_scale in LEARNED_SKIP_SCALES):
             raise ConfigError(f"arm {name!r}: a `trainable: skips` phase is counted for the plain long-skip DiT "
-                              "(no downscale window, mixer or decoder blocks)")
+                              "(no downscale window, mixer or decoder blocks, learned skip gates)")
     until = phase.until
     if until is None:
         return
@@ -448,6 +449,9 @@ def _validate_techniques(cfg: RunConfig) -> None:
         if any(p.mask_ratio > 0 for p in cfg.arm.phases):
             raise ConfigError("downscaled steps and token dropping are separate arms: "
                               "train.downscale_window needs every phase at mask 0")
+        if model.skip_scale in LEARNED_SKIP_SCALES:
+            raise ConfigError(f"model.skip_scale={model.skip_scale}'s gate is defined on the native token grid: "
+                              "it cannot run the downscaled steps of train.downscale_window")
 
 
 def to_dict(cfg: RunConfig) -> dict:

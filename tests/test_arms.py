@@ -1,4 +1,4 @@
-"""The literature arms: long skips, ScaleLong, MaskDiT's decoder + MAE loss, SPRINT, downscaled steps."""
+"""The literature arms: MaskDiT's decoder + MAE loss, SPRINT, downscaled steps (long skips: test_long_skips.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from maskbench.cli import main
 from maskbench.config import _HASHED_WHEN_SET, ConfigError, load_config, run_id
 from maskbench.data.dataset import resolve_dataset
-from maskbench.models.dit import DiT, ModelConfig, long_skip_pairs, skip_scales
+from maskbench.models.dit import DiT, ModelConfig
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import SynthTextEncoder
 from maskbench.models import objective
@@ -55,57 +55,6 @@ def _sample_mse(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tens
     x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
     pred = model(x_t, t, ids, mask, None, drop)                                    # B×L×P
     return ((pred - model.patchify(noise - x0)) ** 2).mean(dim=(1, 2))             # B
-
-
-# ---------------------------------------------------------------------------------------------- long skips
-def test_long_skips_pair_block_i_with_block_depth_minus_1_minus_i() -> None:
-    assert long_skip_pairs(4) == [(2, 1), (3, 0)]
-    assert long_skip_pairs(5) == [(3, 1), (4, 0)]  # the middle block 2 would fuse itself: no skip
-    assert long_skip_pairs(1) == []
-
-
-def test_each_fusing_block_receives_the_paired_blocks_output() -> None:
-    model = _model(depth=6, long_skip="concat_ln")
-    assert list(model.long_skips) == ["3", "4", "5"]
-    outputs, received = [], {}
-    for block in model.blocks:
-        block.register_forward_hook(lambda module, args, out: outputs.append(out))
-    for index, skip in model.long_skips.items():
-        skip.register_forward_hook(lambda module, args, out, index=index: received.update({int(index): args[1]}))
-    x0, noise, t, ids, mask = _inputs(model)
-    model(interpolate(x0, noise, t), t, ids, mask)
-    for block, source in long_skip_pairs(6):
-        assert received[block] is outputs[source]
-
-
-def test_fusion_is_concat_then_norm_then_linear() -> None:
-    for fusion, has_norm in (("concat_ln", True), ("concat", False)):
-        skip = _model(depth=2, long_skip=fusion).long_skips["1"]
-        x, s = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
-        cat = torch.cat([x, s], dim=-1)
-        expected = skip.proj(torch.nn.functional.layer_norm(cat, (64,), skip.norm.weight, skip.norm.bias, 1e-6)
-                             if has_norm else cat)
-        torch.testing.assert_close(skip(x, s), expected)
-
-
-def test_scalelong_scales_the_nth_skip_by_kappa_to_the_n_minus_1() -> None:
-    cfg = ModelConfig(depth=8, long_skip="concat", skip_scale="scalelong", skip_kappa=0.5)
-    assert skip_scales(cfg) == [1.0, 0.5, 0.25, 0.125]
-    model = _model(depth=8, long_skip="concat", skip_scale="scalelong", skip_kappa=0.5)
-    assert {i: model.long_skips[str(i)].scale for i, _ in long_skip_pairs(8)} == {4: 1.0, 5: 0.5, 6: 0.25, 7: 0.125}
-    constant = skip_scales(ModelConfig(depth=8, long_skip="concat", skip_scale="constant"))
-    assert constant == pytest.approx([2 ** -0.5] * 4)
-    skip = model.long_skips["6"]
-    x, s = torch.randn(1, 4, 32), torch.randn(1, 4, 32)
-    torch.testing.assert_close(skip(x, s), skip.proj(torch.cat([x, 0.25 * s], dim=-1)))
-
-
-def test_no_long_skips_by_default_and_bad_options_are_refused() -> None:
-    assert len(_model(depth=4).long_skips) == 0
-    with pytest.raises(ValueError, match="model.long_skip must be"):
-        _model(long_skip="add")
-    with pytest.raises(ConfigError, match="model.skip_scale=learned: Invalid value .learned., expected one of"):
-        load_config(["model.skip_scale=learned"])
 
 
 # ------------------------------------------------------------------------------------- MaskDiT decoder + MAE
@@ -260,7 +209,7 @@ def test_arms_lists_the_options_each_arm_sets(capsys) -> None:
     assert main(["arms"]) == 0
     lines = capsys.readouterr().out.splitlines()
     lsc = next(i for i, line in enumerate(lines) if line.startswith("lsc_scalelong "))
-    assert lines[lsc + 1].split() == ["sets", "model.long_skip=concat_ln", "model.skip_scale=scalelong",
+    assert lines[lsc + 1].split() == ["sets", "model.long_skip=concat", "model.skip_scale=kappa",
                                       "model.skip_kappa=0.5"]
 
 
@@ -278,8 +227,8 @@ def test_a_user_arm_file_may_set_model_options_and_the_command_line_still_wins(t
 # A value other than the default for each option hashed only when set, and the options that value needs.
 _SET_TO = {
     "model.long_skip": ("concat", []),
-    "model.skip_scale": ("constant", []),
-    "model.skip_kappa": ("0.25", []),
+    "model.skip_scale": ("constant", ["model.long_skip=concat"]),
+    "model.skip_kappa": ("0.25", ["model.long_skip=concat", "model.skip_scale=kappa"]),
     "model.decoder_depth": ("1", []),
     "train.mae_weight": ("0.1", ["model.decoder_depth=1"]),
     "train.downscale_window": ("[0.6,1.0]", []),

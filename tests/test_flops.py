@@ -22,8 +22,8 @@ CLIP_H_WIDTH, CLIP_LEN = 1024, 77  # precomputed open_clip ViT-H-14 text tokens 
 
 
 def _setting(cfg: ModelConfig) -> dict:
-    """tiny: 32×32 RGB pixels with the synth text encoder; dit_*: 32×32×4 latents with CLIP-H embeddings."""
-    if cfg.name == "tiny":
+    """tiny*: 32×32 RGB pixels with the synth text encoder; dit_*: 32×32×4 latents with CLIP-H embeddings."""
+    if cfg.name.startswith("tiny"):
         return dict(image_size=32, in_channels=3, context_dim=cfg.text_width, context_len=cfg.text_len,
                     text_encoder=True)
     return dict(image_size=32, in_channels=4, context_dim=CLIP_H_WIDTH, context_len=CLIP_LEN, text_encoder=False)
@@ -82,7 +82,10 @@ def test_flops_with_patch_mixer_on_real_cpu_tensors() -> None:
 ARM_MODELS = {  # the model options of the literature arms, on tiny and (where it matters) a latent preset
     "skip_dit": ("tiny", dict(long_skip="concat_ln")),
     "uvit_skips_odd_depth": ("dit_s2", dict(long_skip="concat", depth=5)),
-    "scalelong": ("tiny", dict(long_skip="concat_ln", skip_scale="scalelong")),
+    "scalelong_cs": ("tiny", dict(long_skip="concat", skip_scale="kappa")),
+    "scalelong_ls_shared": ("tiny", dict(long_skip="concat", skip_scale="learned_shared")),
+    "scalelong_ls_per_skip_deep": ("tiny_deep", dict(long_skip="concat", skip_scale="learned_per_skip")),
+    "scalelong_ls_latent_odd_depth": ("dit_s2", dict(long_skip="concat_ln", skip_scale="learned_per_skip", depth=5)),
     "maskdit_decoder": ("tiny", dict(decoder_depth=1)),
     "maskdit_decoder_latent": ("dit_s2", dict(decoder_depth=2, depth=2)),
     "sprint": ("tiny", dict(structured_mask=True)),
@@ -126,6 +129,27 @@ def _plan(pairs: list[tuple[float, float]], budget: float) -> list:
     """plan_phases for (mask ratio, fraction) phases at the tiny default's step cost."""
     return plan_phases([Phase(ratio, fraction) for ratio, fraction in pairs], budget,
                        lambda phase, step: _tiny_step_flops(phase.mask_ratio))
+
+
+def test_deep_preset_costs_what_tiny_costs_per_step() -> None:
+    """tiny_deep (12 blocks, 6 long skips) is sized for long-skip comparisons at tiny's compute."""
+    tiny, deep = PRESETS["tiny"](), PRESETS["tiny_deep"]()
+    ratio = (train_step_flops(deep, batch=64, mask_ratio=0.0, **_setting(deep))
+             / train_step_flops(tiny, batch=64, mask_ratio=0.0, **_setting(tiny)))
+    assert 1.0 <= ratio < 1.02
+
+
+@pytest.mark.parametrize("scale", ["learned_shared", "learned_per_skip"])
+def test_a_learned_gate_is_counted_exactly(scale: str) -> None:
+    """The gate is too small for the 2% tolerance above to see: its FLOPs alone (gated minus ungated model,
+    counted by FlopCounterMode) must equal the analytic ones, an MLP L -> L/16 -> L per skip even when shared."""
+    plain = dataclasses.replace(PRESETS["tiny_deep"](), long_skip="concat")
+    gated = dataclasses.replace(plain, skip_scale=scale)
+    with torch.device("meta"):
+        counted = _counted_flops(gated, 0.75) - _counted_flops(plain, 0.75)
+    analytic = (train_step_flops(gated, batch=BATCH, mask_ratio=0.75, **_setting(gated))
+                - train_step_flops(plain, batch=BATCH, mask_ratio=0.75, **_setting(plain)))
+    assert analytic == counted == 6 * 2 * (3 * 2 * BATCH * 64 * 4)  # 6 skips, 2 layers, fwd+bwd, 2·B·L·L/16
 
 
 def test_masking_cuts_tiny_step_flops_to_about_a_quarter() -> None:

@@ -5,7 +5,8 @@ The layout follows DiT (Peebles & Xie) with the pieces the masked-training paper
     patch embed + fixed 2-D sin-cos positions
     -> mixer blocks on all L tokens      (MicroDiT's deferred masking; mixer_depth 0 = MaskDiT early drop)
     -> drop to K kept tokens             (gather_tokens, so the Triton kernel can plug in)
-    -> backbone blocks on the K tokens   (optional long skips: block i fuses block depth-1-i, Skip-DiT/U-ViT)
+    -> backbone blocks on the K tokens   (optional long skips: block i fuses block depth-1-i, Skip-DiT/U-ViT,
+                                          each skip optionally scaled as ScaleLong does)
     -> optional decoder blocks on all L tokens, dropped slots refilled with a learned mask token (MaskDiT)
     -> final layer: a prediction for each kept token (each token, with a decoder).
 
@@ -26,7 +27,7 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens
-from maskbench.models.presets import ModelConfig, check_model
+from maskbench.models.presets import SKIP_GATE_REDUCTION, ModelConfig, SkipScale, check_model
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
 
@@ -122,10 +123,11 @@ class FinalLayer(nn.Module):
 
 
 class LongSkip(nn.Module):
-    """Fuse a long skip into the running tokens: Linear(norm(concat(x, scale·skip))), 2D -> D.
+    """Fuse a long skip into the running tokens: Linear(norm(concat(x, λ·skip))), 2D -> D, replacing x.
 
-    concat_ln is Skip-DiT's fusion (a LayerNorm over the 2D concatenation), concat is U-ViT's.
-    `scale` is ScaleLong's fixed coefficient on the skipped features (1 = no scaling).
+    concat_ln is Skip-DiT's fusion (a LayerNorm over the 2D concatenation), concat is U-ViT's (no norm),
+    the one ScaleLong scales: a LayerNorm after the concatenation would normalise much of λ away.
+    λ is `scale`, a fixed coefficient (1 = unscaled), or a learned per-token gate passed to forward.
     """
 
     def __init__(self, width: int, fusion: str, scale: float) -> None:
@@ -134,29 +136,57 @@ class LongSkip(nn.Module):
         self.proj = nn.Linear(2 * width, width)
         self.scale = scale
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        fused = torch.cat([x, self.scale * skip], dim=-1)                       # B×N×2D
-        return self.proj(self.norm(fused))                                       # B×N×D
+    def forward(self, x: torch.Tensor, skip: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        scaled = self.scale * skip if gate is None else gate * skip              # B×N×D (gate B×N×1)
+        return self.proj(self.norm(torch.cat([x, scaled], dim=-1)))              # B×N×D
+
+
+class SkipGate(nn.Module):
+    """ScaleLong's learned scale (LS): a coefficient in (0, 1) for each token of a skip, computed from the skip.
+
+    Each token's skip features are averaged over the channel dim D, one number per token; an MLP across the
+    token axis (L -> L // 16 -> L, ReLU, then a sigmoid: squeeze-and-excitation over tokens) turns the L means
+    into L gates. The MLP's weights belong to token positions, so the gate lives on the native L-token grid:
+    with tokens dropped, the K kept means sit at their positions, dropped positions read 0, and the K kept
+    positions' gates come back.
+    """
+
+    def __init__(self, seq_len: int) -> None:
+        super().__init__()
+        self.seq_len = seq_len
+        self.mlp = Mlp(seq_len, seq_len // SKIP_GATE_REDUCTION, act_layer=nn.ReLU)
+
+    def forward(self, skip: torch.Tensor, keep_idx: torch.Tensor | None) -> torch.Tensor:
+        """skip B×K×D, keep_idx B×K (None: all L tokens) -> gate B×K×1."""
+        means = skip.mean(dim=-1)                                                 # B×K
+        if keep_idx is not None:
+            means = means.new_zeros(means.shape[0], self.seq_len).scatter(1, keep_idx, means)  # B×L
+        gate = torch.sigmoid(self.mlp(means))                                     # B×L
+        if keep_idx is not None:
+            gate = gate.gather(1, keep_idx)                                       # B×K
+        return gate[..., None]                                                    # B×K×1
 
 
 def long_skip_pairs(depth: int) -> list[tuple[int, int]]:
-    """(block i, the block depth-1-i whose output it fuses) for every i in the second half.
+    """(block i, the block depth-1-i whose output it fuses) for every i in the second half, innermost first.
 
-    Only pairs with depth-1-i < i: with an odd depth the middle block would fuse itself, so it has none.
+    Only pairs with depth-1-i < i: with an odd depth the middle block would fuse itself, so it has none
+    (as U-ViT's mid block).
     """
     return [(i, depth - 1 - i) for i in range(depth) if depth - 1 - i < i]
 
 
 def skip_scales(cfg: ModelConfig) -> list[float]:
-    """The coefficient on each long skip, in the order the blocks fuse them (innermost skip first).
+    """The fixed coefficient on each long skip, in the order the blocks fuse them (innermost skip first).
 
-    ScaleLong scales the n-th skip by kappa^(n-1); as in its U-ViT code, skips are counted in the order
-    they are used, so the innermost (shortest) skip keeps 1 and the outermost is damped the most.
+    ScaleLong's CS (`kappa`): as in its U-ViT code, the j-th fusing block (j = 0 fuses the innermost skip)
+    scales its skip by kappa^(N-1-j), so the innermost of the N skips is damped the most, kappa^(N-1), and
+    the outermost keeps 1. `constant` is 1/sqrt(2) on every skip; unscaled and learned skips get 1.
     """
     count = len(long_skip_pairs(cfg.depth))
-    if cfg.skip_scale == "scalelong":
-        return [cfg.skip_kappa ** n for n in range(count)]
-    return [2 ** -0.5 if cfg.skip_scale == "constant" else 1.0] * count
+    if cfg.skip_scale == SkipScale.kappa:
+        return [cfg.skip_kappa ** (count - 1 - j) for j in range(count)]
+    return [2 ** -0.5 if cfg.skip_scale == SkipScale.constant else 1.0] * count
 
 
 class DiT(nn.Module):
@@ -191,6 +221,8 @@ class DiT(nn.Module):
         pairs = long_skip_pairs(cfg.depth) if cfg.long_skip != "none" else []
         self.long_skips = nn.ModuleDict({str(i): LongSkip(cfg.width, cfg.long_skip, scale)
                                          for (i, _), scale in zip(pairs, skip_scales(cfg))})  # by fusing block
+        gates = {SkipScale.learned_shared: 1, SkipScale.learned_per_skip: len(pairs)}.get(cfg.skip_scale, 0)
+        self.long_skip_gates = nn.ModuleList(SkipGate(self.seq_len) for _ in range(gates))  # ScaleLong's LS
         self.decoder = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
         self.mask_token = nn.Parameter(torch.zeros(cfg.width)) if cfg.decoder_depth else None
         self.final_layer = FinalLayer(cfg.width, cfg.patch_size ** 2 * in_channels)
@@ -199,10 +231,13 @@ class DiT(nn.Module):
     def initialize_weights(self) -> None:
         """DiT's init: xavier linears, and zero adaLN and output so every block starts as the identity.
 
-        The text encoder is left to initialise itself (it may be pretrained).
+        The text encoder is left to initialise itself (it may be pretrained); ScaleLong's gates get PyTorch's
+        default Linear init, as in its code.
         """
         for name, module in self.named_modules():
-            if isinstance(module, nn.Linear) and not name.startswith("text_encoder"):
+            if isinstance(module, nn.Linear) and name.startswith("long_skip_gates"):
+                module.reset_parameters()  # PyTorch's default, as ScaleLong builds its gate after U-ViT's init
+            elif isinstance(module, nn.Linear) and not name.startswith("text_encoder"):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
         patch_weight = self.x_embedder.proj.weight
@@ -243,9 +278,11 @@ class DiT(nn.Module):
                     skip.proj.bias.zero_()
 
     def skip_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """(name, parameter) of every long-skip fusion layer: what a skips-only phase trains, and the only
-        keys a converted model may lack in its source's weights (Skip-DiT's `skip_linear`/`skip_norm`)."""
-        return list(self.long_skips.named_parameters(prefix="long_skips"))
+        """(name, parameter) of every long-skip layer (fusion and ScaleLong gate): what a skips-only phase
+        trains, and the only keys a converted model may lack in its source's weights (Skip-DiT's
+        `skip_linear`/`skip_norm`)."""
+        return [*self.long_skips.named_parameters(prefix="long_skips"),
+                *self.long_skip_gates.named_parameters(prefix="long_skip_gates")]
 
     def encode_context(self, context: torch.Tensor, context_mask: torch.Tensor,
                        drop_context: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,7 +313,7 @@ class DiT(nn.Module):
                 tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
             if keep_idx is not None:
                 tokens = gather_tokens(tokens, keep_idx, impl=self.cfg.kernels)        # B×K×D
-        tokens = self.backbone(tokens, c, ctx, ctx_mask)                               # B×K×D
+        tokens = self.backbone(tokens, c, ctx, ctx_mask, keep_idx)                     # B×K×D
         if self.decoder:
             if keep_idx is not None:
                 tokens = scatter_tokens(tokens, keep_idx, pos.shape[0], self.mask_token, pos,
@@ -285,16 +322,25 @@ class DiT(nn.Module):
                 tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
         return self.final_layer(tokens, c)                                             # B×K×(p·p·C) or B×L×…
 
-    def backbone(self, tokens: torch.Tensor, c: torch.Tensor, ctx: torch.Tensor,
-                 ctx_mask: torch.Tensor) -> torch.Tensor:
+    def backbone(self, tokens: torch.Tensor, c: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor,
+                 keep_idx: torch.Tensor | None) -> torch.Tensor:
         """The backbone blocks; block i of the second half first fuses block depth-1-i's output (long skips)."""
         outputs: list[torch.Tensor] = []
         for i, block in enumerate(self.blocks):
             if str(i) in self.long_skips:
-                tokens = self.long_skips[str(i)](tokens, outputs[len(self.blocks) - 1 - i])  # B×K×D
+                skip = outputs[len(self.blocks) - 1 - i]                               # B×K×D
+                tokens = self.long_skips[str(i)](tokens, skip, self._skip_gate(i, skip, keep_idx))  # B×K×D
             tokens = block(tokens, c, ctx, ctx_mask)                                   # B×K×D
             outputs.append(tokens)
         return tokens
+
+    def _skip_gate(self, block: int, skip: torch.Tensor, keep_idx: torch.Tensor | None) -> torch.Tensor | None:
+        """The learned gate (B×K×1) on the skip fused before this block, or None for a fixed scale."""
+        if not self.long_skip_gates:
+            return None
+        nth = block - (len(self.blocks) - len(self.long_skips))                         # innermost skip: 0
+        gate = self.long_skip_gates[0 if self.cfg.skip_scale == SkipScale.learned_shared else nth]
+        return gate(skip, keep_idx)
 
     def positions(self, h: int, w: int) -> torch.Tensor:
         """L×D positions of an h×w token grid: the native sin-cos table, box-filtered on downscaled grids.
@@ -335,6 +381,9 @@ class DiT(nn.Module):
             raise ValueError(f"expected t of shape ({B},) and context_mask B×T, "
                              f"got {tuple(t.shape)} and {tuple(context_mask.shape)}")
         seq_len = (x.shape[-2] // p) * (x.shape[-1] // p)
+        if self.long_skip_gates and seq_len != self.seq_len:
+            raise ValueError(f"model.skip_scale={self.cfg.skip_scale}'s gate is defined on the native {h}×{w} "
+                             f"token grid; got a downscaled input {tuple(x.shape)}")
         if keep_idx is not None and (keep_idx.ndim != 2 or keep_idx.shape[0] != B or keep_idx.shape[1] > seq_len):
             raise ValueError(f"expected keep_idx {B}×K with K <= {seq_len}, got {tuple(keep_idx.shape)}")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from maskbench.models.dit import TIMESTEP_FREQ_DIM, ModelConfig, long_skip_pairs
 from maskbench.models.masking import keep_count
+from maskbench.models.presets import LEARNED_SKIP_SCALES, SKIP_GATE_REDUCTION
 from maskbench.models.text import MLP_RATIO as TEXT_MLP_RATIO
 
 
@@ -59,6 +60,16 @@ def _text_encoder(n: _Counter, batch: int, context_len: int, width: int, depth: 
     return n.linear(rows, width, width, input_grad=False) + depth * block  # first layer reads the frozen table
 
 
+def _long_skip(n: _Counter, cfg: ModelConfig, batch: int, seq_len: int, kept: int) -> int:
+    """One skip's fusion, concat -> Linear(2D -> D), and ScaleLong's learned gate if any: an MLP
+    L -> L // 16 -> L over each sample's per-token means (a shared gate still runs once per skip)."""
+    fusion = n.linear(batch * kept, 2 * cfg.width, cfg.width)
+    if cfg.skip_scale not in LEARNED_SKIP_SCALES:
+        return fusion
+    hidden = seq_len // SKIP_GATE_REDUCTION
+    return fusion + n.linear(batch, seq_len, hidden) + n.linear(batch, hidden, seq_len)
+
+
 def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
                  context_len: int, batch: int, mask_ratio: float, text_encoder: bool) -> int:
     p, width = cfg.patch_size, cfg.width
@@ -73,8 +84,8 @@ def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: in
     blocks = (cfg.mixer_depth * _dit_block(n, batch, seq_len, context_len, width, hidden)
               + cfg.depth * _dit_block(n, batch, kept, context_len, width, hidden)
               + cfg.decoder_depth * _dit_block(n, batch, seq_len, context_len, width, hidden))
-    if cfg.long_skip != "none":  # concat -> Linear(2D -> D) before each fusing block
-        blocks += len(long_skip_pairs(cfg.depth)) * n.linear(batch * kept, 2 * width, width)
+    if cfg.long_skip != "none":
+        blocks += len(long_skip_pairs(cfg.depth)) * _long_skip(n, cfg, batch, seq_len, kept)
     predicted = seq_len if cfg.decoder_depth else kept  # a decoder predicts every token
     final = n.linear(batch, width, 2 * width) + n.linear(batch * predicted, width, p * p * in_channels)
     return text + conditioning + patch_embed + blocks + final
