@@ -6,6 +6,8 @@ encoding (`maskbench data encode --demote`: the VAE's encoding of the resized im
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 import torch.nn.functional as F
 
@@ -36,3 +38,14 @@ def field_key(field: str) -> str | None:
     if field.startswith("latent_") and field.endswith(".npy"):
         return field.removeprefix("latent_").removesuffix(".npy")
     return None
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    """'0.75,0.875' -> (0.75, 0.875); each in (0, 1) (argparse reports a bad one in one line)."""
+    try:
+        ratios = tuple(float(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ratios like 0.75,0.875, got {text!r}") from None
+    if not all(0 < r < 1 for r in ratios):
+        raise argparse.ArgumentTypeError(f"ratios must be in (0, 1), got {text!r}")
+    return ratios

@@ -33,7 +33,7 @@ from PIL import ImageOps
 from torchvision.transforms.functional import pil_to_tensor
 
 from maskbench.config import ConfigError
-from maskbench.data.demote import demoted_size, latent_field, ratio_key, resize
+from maskbench.data.demote import demoted_size, latent_field, parse_ratios, ratio_key, resize
 from maskbench.data.pack import claim_output, commit_unit, iter_tar_samples, merge_parts, run_units, unit_done
 from maskbench.data.shards import (IMAGE_EXTS, TAR_MTIME, BadSample, Skip, decode_image, decode_json, decode_text,
                                     encode_npy, read_manifest, shard_entry)
@@ -253,17 +253,6 @@ def add_encode_arguments(subparsers: argparse._SubParsersAction) -> None:
                         help="snap demoted latent sides to multiples of the DiT patch size (default 2)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     parser.set_defaults(func=encode_command)
-
-
-def parse_ratios(text: str) -> tuple[float, ...]:
-    """'0.75,0.875' -> (0.75, 0.875); each in (0, 1) (argparse reports a bad one in one line)."""
-    try:
-        ratios = tuple(float(item) for item in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ratios like 0.75,0.875, got {text!r}") from None
-    if not all(0 < r < 1 for r in ratios):
-        raise argparse.ArgumentTypeError(f"ratios must be in (0, 1), got {text!r}")
-    return ratios
 
 
 def encode_command(args: argparse.Namespace) -> int:

@@ -61,7 +61,8 @@ def demote(x0: torch.Tensor, noise: torch.Tensor, ratio: float, patch: int, gene
         low, noise_low = downscale(x0, noise, factor)                                 # n×C×s×s each
     else:
         low = resize(x0, size) if demoted_x0 is None else None                        # n×C×s×s
-        noise_low = torch.randn((*x0.shape[:2], size, size), generator=generator, device=noise.device)
+        noise_low = torch.randn((*x0.shape[:2], size, size), generator=generator,
+                                device=noise.device if generator is None else generator.device).to(noise.device)
     return (low if demoted_x0 is None else demoted_x0.to(x0)), noise_low
 
 
