@@ -318,9 +318,11 @@ class DiT(nn.Module):
 
 
 def _fits_grid(size: torch.Size, patch: int, grid: tuple[int, int]) -> bool:
-    """True if an H×W input is a whole number of patches, at most the native grid (native or demoted)."""
+    """True if an H×W input is a whole number of patches, at most the native grid and of its aspect
+    (native or demoted: both sides shrink by one ratio)."""
     H, W = size
-    return H % patch == 0 and W % patch == 0 and 0 < H // patch <= grid[0] and 0 < W // patch <= grid[1]
+    h, w = H // patch, W // patch
+    return H % patch == 0 and W % patch == 0 and 0 < h <= grid[0] and 0 < w <= grid[1] and h * grid[1] == w * grid[0]
 
 
 def _validate(cfg: ModelConfig, image_size: int, context_dim: int, text_encoder: nn.Module | None) -> None:
