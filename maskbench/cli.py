@@ -160,13 +160,31 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
-    from maskbench.runs.gradfid import format_table, probe_gradfid
+    from maskbench.runs.gradfid import FLOOR, certify, format_table, probe_gradfid, write_arm
 
+    if args.certify is not None and not args.certify > 0:
+        return fail(f"--certify EPS needs a positive gap tolerance, got {args.certify:g}")
     rows = probe_gradfid(args.run_dir, args.bins, args.batches, args.batch_size, args.seed,
-                         max_memory_gb=args.max_memory_gb)
+                         max_memory_gb=args.max_memory_gb, ratios=args.demote, vae=args.vae)
     out = Path(args.run_dir) / "probe"
     print(f"wrote {out / 'gradfid.csv'} and {out / 'gradfid.png'}")
     print(format_table(rows))
+    if args.certify is None:
+        return 0
+    floor = max(row["gap_hi"] for row in rows if row["route"] == FLOOR.name)
+    if not floor < args.certify:
+        print(f"note: the self-floor's gap bound reaches {floor:.3g} >= {args.certify:g}: two native estimates are "
+              "not told apart at this tolerance; more --batches or --batch-size narrow it")
+    table = certify(rows, args.certify)
+    if not table:
+        print(f"no demotion route is certified at eps {args.certify:g}; no arm file written")
+        return 0
+    path = args.certify_out or out / "certified_arm.yaml"
+    write_arm(path, table, args.certify, Path(args.run_dir).name)
+    for route in table:
+        print(f"certified: ratio {route['ratio']:g} on t in [{route['t'][0]:g}, {route['t'][1]:g}] "
+              f"(priority {route['priority']})")
+    print(f"wrote {path}: train it with `maskbench run arm={path}`")
     return 0
 
 
@@ -241,15 +259,21 @@ def add_repro(repro: argparse.ArgumentParser) -> None:
 
 
 def add_probe(probe: argparse.ArgumentParser) -> None:
+    from maskbench.data.demote import parse_ratios
+
     probe_sub = probe.add_subparsers(dest="probe_command", required=True, metavar="PROBE")
     gradfid = probe_sub.add_parser(
-        "gradfid", help="debiased cosine between full-token and masked / downscaled gradients per t bin",
+        "gradfid", help="debiased cosine between full-token and masked / demoted gradients per t bin",
         description="Load RUN_DIR's raw weights from its latest checkpoint; for each t bin compute, on the same "
                     "training batches, noise and t, the full-token gradient and the gradient of each route "
-                    "(random mask 0.5 and 0.75, structured 2x2 mask 0.75, x2 downscaled on pixel data), and the "
-                    "debiased cosine of their expectations with a 95% jackknife interval. Writes "
-                    "RUN_DIR/probe/gradfid.csv and gradfid.png (route x t heatmap).",
-        epilog="example: maskbench probe gradfid runs/mask0-synth-tiny-s0-1a2b3c4d --bins 8 --batches 16")
+                    "(random mask 0.5 and 0.75, structured 2x2 mask 0.75, demotion to each --demote ratio), of "
+                    "the self-floor (a second native gradient on fresh noise) and, on latent data, of the VAE "
+                    "round trip (decoded and re-encoded at native size), and the debiased cosine of their "
+                    "expectations with a 95% jackknife interval. Writes RUN_DIR/probe/gradfid.csv and "
+                    "gradfid.png (route x t heatmap); --certify EPS also writes the certified route table as an "
+                    "arm file.",
+        epilog="example: maskbench probe gradfid runs/mask0-synth-tiny-s0-1a2b3c4d --bins 8 --batches 16 "
+               "--demote 0.5,0.75,0.875 --certify 0.05")
     gradfid.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with at least one checkpoint")
     gradfid.add_argument("--bins", type=int, default=8, help="uniform t bins over (0, 1) (default 8)")
     gradfid.add_argument("--batches", type=int, default=16,
@@ -259,6 +283,17 @@ def add_probe(probe: argparse.ArgumentParser) -> None:
     gradfid.add_argument("--max-memory-gb", type=float, default=16.0,
                          help="CPU memory for the held gradients, (1 + routes) x params x 4 bytes per batch; past "
                               "it, batches are summed into as many groups as fit, >= 3 (default 16)")
+    gradfid.add_argument("--demote", type=parse_ratios, metavar="R1,R2,...",
+                         help="demotion routes to probe, ratios in (0, 1) (default: 0.5 on pixels; on latent shards "
+                              "the ratios they were encoded with, `maskbench data encode --demote`)")
+    gradfid.add_argument("--vae", metavar="DIR", help="latent data: the VAE folder in place of the one the manifest "
+                                                      "records (the round-trip control decodes and re-encodes)")
+    gradfid.add_argument("--certify", type=float, metavar="EPS",
+                         help="certify each demotion route on the t bins whose gap (1 - debiased cosine, minus the "
+                              "round-trip control's on latents) has a one-sided 95%% upper bound, Bonferroni over "
+                              "the bins, below EPS; contiguous bins form its window, written as an arm file")
+    gradfid.add_argument("--certify-out", type=Path, metavar="ARM.yaml",
+                         help="where to write the certified arm (default RUN_DIR/probe/certified_arm.yaml)")
     gradfid.set_defaults(func=cmd_probe_gradfid)
 
 

@@ -37,6 +37,7 @@ Attention = StrEnum("Attention", "auto math")                 # auto: SDPA picks
 Tracker = StrEnum("Tracker", "none tensorboard wandb")        # experiment tracking (maskbench.train.tracking)
 Trainable = StrEnum("Trainable", "all skips")                 # what a phase trains: skips = the long-skip layers only
 InitWeights = StrEnum("InitWeights", "ema raw")               # which weights of an init_from source a run starts from
+DemoteGate = StrEnum("DemoteGate", "sample batch")            # which samples a demotion route takes (TrainConfig)
 
 
 class UserError(Exception):
@@ -126,6 +127,14 @@ class BudgetConfig:
 
 
 @dataclass
+class DemoteRoute:
+    """One row of the demotion route table: samples whose t lies in `t` train at `ratio` × the native side."""
+    ratio: float = 0.5                                           # demoted side / native side, in (0, 1)
+    t: list[float] = field(default_factory=lambda: [0.0, 1.0])  # the closed noise window [t_lo, t_hi]
+    priority: int = 0                                            # where windows overlap the highest wins (ties: first)
+
+
+@dataclass
 class TrainConfig:
     batch_size: int = 64           # global batch (all processes)
     lr: float = 1e-3
@@ -151,7 +160,9 @@ class TrainConfig:
     log_with: Tracker = Tracker.none  # tensorboard: event files under the run dir
     mae_weight: float = 0.0        # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
     downscale_window: list[float] = field(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
-    downscale_factor: int = 2      # 1/factor resolution (pixel synth data; FLOPs counted at that resolution)
+    downscale_factor: int = 2      # 1/factor resolution: the one-route shorthand of demote_routes
+    demote_routes: list[DemoteRoute] = field(default_factory=list)  # the route table (FLOPs counted at each size)
+    demote_gate: DemoteGate = DemoteGate.sample  # sample: each sample by its own t; batch: all of a micro-batch or none
     skip_step_grad_norm: Optional[float] = None  # Skip-DiT's guard: no optimizer step when the global grad norm
                                                  # (before clipping) is non-finite or above this; counted
 
@@ -183,8 +194,8 @@ class RunConfig:
 # their names (and resume) across upgrades.
 _HASHED_WHEN_SET = {
     "model.long_skip", "model.skip_scale", "model.skip_kappa", "model.decoder_depth",
-    "train.mae_weight", "train.downscale_window", "train.downscale_factor",
-    "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
+    "train.mae_weight", "train.downscale_window", "train.downscale_factor", "train.demote_routes",
+    "train.demote_gate", "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
 }
 # The same for the fields of each phase (a list element, so not a dotted name above).
 _PHASE_HASHED_WHEN_SET = {"trainable", "until"}
@@ -408,7 +419,7 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
         if cfg.model.long_skip == "none" or cfg.init_from is None:
             raise ConfigError(f"arm {name!r}: a `trainable: skips` phase trains new long-skip layers on a trained "
                               "DiT: it needs model.long_skip and init_from=RUN_DIR")
-        if (cfg.train.downscale_window or cfg.model.mixer_depth or cfg.model.decoder_depth
+        if (demote_routes(cfg.train) or cfg.model.mixer_depth or cfg.model.decoder_depth
                 or cfg.model.skip_scale in LEARNED_SKIP_SCALES):
             raise ConfigError(f"arm {name!r}: a `trainable: skips` phase is counted for the plain long-skip DiT "
                               "(no downscale window, mixer or decoder blocks, learned skip gates)")
@@ -436,22 +447,50 @@ def _validate_techniques(cfg: RunConfig) -> None:
                           "(the MAE loss is on the decoder's predictions for dropped tokens)")
     if model.structured_mask and any(p.mask_ratio not in (0.0, 0.75) for p in cfg.arm.phases):
         raise ConfigError("model.structured_mask keeps one token per 2x2 group: every phase needs mask 0 or 0.75")
+    _validate_demotion(cfg)
+
+
+def demote_routes(train: TrainConfig) -> list[DemoteRoute]:
+    """The route table in the order routes are tried (highest priority first, ties in list order).
+
+    `downscale_window` + `downscale_factor` is the one-route shorthand (ratio 1/factor), kept so that
+    the runs trained with it keep their names and results.
+    """
+    if train.downscale_window:
+        return [DemoteRoute(1 / train.downscale_factor, list(train.downscale_window))]
+    return sorted(train.demote_routes, key=lambda route: -route.priority)
+
+
+def _validate_demotion(cfg: RunConfig) -> None:
+    """Demotion routes: ratios, windows, and the sizes they give on the model's patch grid."""
+    train, patch = cfg.train, cfg.model.patch_size
     window = train.downscale_window
     if not window and train.downscale_factor != TrainConfig.downscale_factor:
         raise ConfigError(f"train.downscale_factor={train.downscale_factor} does nothing without "
                           "train.downscale_window=[t_lo,t_hi] (the noise window whose samples are downscaled)")
     if window:
+        if train.demote_routes:
+            raise ConfigError("train.downscale_window is the one-route shorthand of train.demote_routes: set one of them")
         if len(window) != 2 or not 0.0 <= window[0] < window[1] <= 1.0:
             raise ConfigError(f"train.downscale_window must be [t_lo, t_hi] with 0 <= t_lo < t_hi <= 1, got {window}")
-        if train.downscale_factor < 2 or cfg.data.image_size % (train.downscale_factor * model.patch_size):
+        if train.downscale_factor < 2 or cfg.data.image_size % (train.downscale_factor * patch):
             raise ConfigError(f"train.downscale_factor={train.downscale_factor} must be >= 2 and divide the "
-                              f"{cfg.data.image_size // model.patch_size}-token grid")
-        if any(p.mask_ratio > 0 for p in cfg.arm.phases):
-            raise ConfigError("downscaled steps and token dropping are separate arms: "
-                              "train.downscale_window needs every phase at mask 0")
-        if model.skip_scale in LEARNED_SKIP_SCALES:
-            raise ConfigError(f"model.skip_scale={model.skip_scale}'s gate is defined on the native token grid: "
-                              "it cannot run the downscaled steps of train.downscale_window")
+                              f"{cfg.data.image_size // patch}-token grid")
+    for route in train.demote_routes:
+        if not 0.0 < route.ratio < 1.0:
+            raise ConfigError(f"train.demote_routes: ratio {route.ratio:g} is outside (0, 1) (demoted side / native side)")
+        if len(route.t) != 2 or not 0.0 <= route.t[0] < route.t[1] <= 1.0:
+            raise ConfigError(f"train.demote_routes: t window must be [t_lo, t_hi] with 0 <= t_lo < t_hi <= 1, "
+                              f"got {list(route.t)} (ratio {route.ratio:g})")
+    routes = demote_routes(train)
+    if not routes and train.demote_gate != TrainConfig.demote_gate:
+        raise ConfigError(f"train.demote_gate={train.demote_gate} does nothing without train.demote_routes")
+    if routes and any(p.mask_ratio > 0 for p in cfg.arm.phases):
+        raise ConfigError("downscaled steps and token dropping are separate arms: "
+                          "train.demote_routes / downscale_window need every phase at mask 0")
+    if routes and cfg.model.skip_scale in LEARNED_SKIP_SCALES:
+        raise ConfigError(f"model.skip_scale={cfg.model.skip_scale}'s gate is defined on the native token grid: "
+                          "it cannot run the demoted steps of train.demote_routes / downscale_window")
 
 
 def to_dict(cfg: RunConfig) -> dict:

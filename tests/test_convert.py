@@ -194,6 +194,7 @@ def test_continuing_the_source_loads_every_weight_and_names_the_source(tmp_path,
     raw = RunDir.raw_weights(RunDir(source).point_checkpoint(1.0))
     assert all(torch.equal(p, raw[k]) for k, p in model.state_dict().items())
     assert run_id(cfg) != run_id(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0")))
+    assert run_id(cfg) != run_id(load_config(overrides[:-1]))  # init_weights names the run too
     moved = load_config([*overrides[:-2], f"init_from={source.parent}/./{source.name}", "init_weights=raw"])
     assert config_hash(moved) == config_hash(cfg)  # named by the source's run id, not its path
 

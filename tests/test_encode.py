@@ -108,3 +108,23 @@ def test_two_processes_encode_disjoint_shards(tmp_path: Path, opts: EncodeOption
     assert two.keys() == one.keys() and len(one) == 12
     for name in one:  # thread counts differ between the runs, so fp16 rounding may too
         np.testing.assert_allclose(two[name].astype(np.float32), one[name].astype(np.float32), atol=2e-3, rtol=1e-2)
+
+
+def test_demoted_latents_are_the_vae_of_the_resized_image(tmp_path: Path, opts: EncodeOptions, shards: Path) -> None:
+    """`--demote 0.75`: each sample also holds latent_0.75.npy = VAE(antialiased resize of the 32px image to
+    24px) · scale, a 12×12 latent (16 × 0.75, a multiple of patch 2), listed in the manifest and verified."""
+    manifest = encode(shards, tmp_path / "lat", EncodeOptions(**{**opts.__dict__, "demote": (0.75,)}), progress=False)
+    assert manifest["latent"]["demote"] == {"0.75": 12} and verify(tmp_path / "lat").ok
+    _, fields = next(iter_tar_samples(Path(shard_urls(tmp_path / "lat")[0])))
+    stored = np.load(io.BytesIO(fields["latent_0.75.npy"]), allow_pickle=False).astype(np.float32)
+    canon = dict(next(iter_tar_samples(Path(shard_urls(shards)[0])))[1])
+    image = ImageOps.fit(Image.open(io.BytesIO(canon["jpg"])).convert("RGB"), (32, 32))
+    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1).float()[None] / 127.5 - 1.0  # 1×3×32×32
+    small = torch.nn.functional.interpolate(pixels, size=(24, 24), mode="bilinear", antialias=True, align_corners=False)
+    vae = AutoencoderKL.from_pretrained(opts.vae)
+    with torch.no_grad():
+        want = vae.encode(small).latent_dist.mean[0] * 0.5                     # 4×12×12, scale 0.5, shift 0
+        native = vae.encode(pixels).latent_dist.mean * 0.5                     # 1×4×16×16
+    np.testing.assert_allclose(stored, want.numpy(), atol=2e-3, rtol=1e-2)
+    resized_latent = torch.nn.functional.interpolate(native, size=(12, 12), mode="bilinear", antialias=True)[0]
+    assert np.abs(stored - resized_latent.numpy()).max() > 0.05               # not a resized native latent

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 
 from maskbench.cli import main
@@ -71,6 +72,68 @@ def test_group_sums_keep_the_estimate_unbiased(noisy_pair):
     assert est.n == 4 and est.ci_lo <= TRUE_COS <= est.ci_hi
 
 
+BIN_COSINES = (0.999, 0.99, 0.9, 0.6)   # per-bin true cosine of a demotion route: gaps 0.001, 0.01, 0.1, 0.4
+
+
+def _bin_sums(cosine: float, rng: np.random.Generator, noise: float = 0.02, n: int = 12) -> torch.Tensor:
+    """n×3×DIM stacks (full, demotion route, self-floor) whose expectations have known cosines: route
+    `cosine`, floor 1. Each is its unit mean plus independent per-batch noise."""
+    u, v = np.linalg.qr(rng.standard_normal((DIM, 2)))[0].T                      # orthonormal, DIM each
+    means = np.stack([u, cosine * u + math.sqrt(1 - cosine ** 2) * v, u])       # 3×DIM
+    return torch.from_numpy(means + noise * rng.standard_normal((n, 3, DIM))).float()
+
+
+def test_certifier_passes_exactly_the_bins_whose_gap_is_surely_below_eps() -> None:
+    """Bins 0-1 (gaps 0.001, 0.01) are below eps 0.05 by far more than the noise, bins 2-3 (0.1, 0.4) far
+    above it: exactly the first two pass, and they form one window. The floor's gap is about 0."""
+    rng = np.random.default_rng(0)
+    routes = (gradfid.demote_route(0.75), gradfid.FLOOR)
+    edges = gradfid.t_bins(len(BIN_COSINES))
+    rows = [row for cosine, t_bin in zip(BIN_COSINES, edges)
+            for row in gradfid.bin_rows(_bin_sums(cosine, rng), np.zeros(2), routes, t_bin, 12, len(BIN_COSINES))]
+    demoted = [row for row in rows if row["route"] == "demote0.75"]
+    assert [row["gap"] for row in demoted] == pytest.approx([1 - c for c in BIN_COSINES], abs=0.01)
+    assert all(row["gap"] < row["gap_hi"] < row["gap"] + 0.03 for row in demoted)
+    assert all(abs(row["gap"]) < 0.01 for row in rows if row["route"] == "native2")
+    assert gradfid.certify(rows, eps=0.05) == [{"ratio": 0.75, "t": [0.0, 0.5], "priority": 0}]
+    assert gradfid.certify(rows, eps=0.2) == [{"ratio": 0.75, "t": [0.0, 0.75], "priority": 0}]
+    assert gradfid.certify(rows, eps=0.5) == [{"ratio": 0.75, "t": [0.0, 1.0], "priority": 0}]
+
+
+def test_bonferroni_widens_the_bound_with_the_bins_tested() -> None:
+    """The same bin's upper bound is z(1 − 0.05/K)·se above its gap: wider with 8 bins than with 1."""
+    stack = _bin_sums(0.9, np.random.default_rng(1))
+    routes = (gradfid.demote_route(0.75), gradfid.FLOOR)
+    one, eight = (gradfid.bin_rows(stack, np.zeros(2), routes, (0.0, 1.0), 12, k)[0] for k in (1, 8))
+    assert one["gap"] == eight["gap"]
+    ratio = (eight["gap_hi"] - eight["gap"]) / (one["gap_hi"] - one["gap"])
+    assert ratio == pytest.approx(scipy.stats.norm.ppf(1 - 0.05 / 8) / scipy.stats.norm.ppf(0.95))
+
+
+def test_roundtrip_gap_is_subtracted_from_demotion_routes_only() -> None:
+    """A route as far from full as the round trip is (cos 0.9 both) has a corrected gap of about 0; the
+    mask route beside them keeps its own gap."""
+    rng = np.random.default_rng(2)
+    u, v = np.linalg.qr(rng.standard_normal((DIM, 2)))[0].T
+    off = 0.9 * u + math.sqrt(1 - 0.81) * v
+    means = np.stack([u, off, off, off])                                         # full, demote, mask, roundtrip
+    stack = torch.from_numpy(means + 0.02 * rng.standard_normal((12, 4, DIM))).float()
+    routes = (gradfid.demote_route(0.75), gradfid.Route("mask50", 0.5), gradfid.ROUNDTRIP)
+    demoted, masked, _ = gradfid.bin_rows(stack, np.zeros(3), routes, (0.0, 1.0), 12, 1)
+    assert abs(demoted["gap"]) < 0.01 and masked["gap"] == pytest.approx(0.1, abs=0.01)
+
+
+def test_certified_routes_give_deeper_demotion_the_priority_and_split_at_failing_bins() -> None:
+    def row(ratio, t_lo, gap_hi):
+        return {"ratio": ratio, "t_lo": t_lo, "t_hi": t_lo + 0.25, "gap_hi": gap_hi}
+    rows = [row(0.75, 0.0, 0.01), row(0.75, 0.25, 0.2), row(0.75, 0.5, 0.01), row(0.75, 0.75, 0.01),
+            row(0.5, 0.0, math.nan), row(0.5, 0.25, 0.2), row(0.5, 0.5, 0.2), row(0.5, 0.75, 0.01),
+            row(1.0, 0.0, 0.0)]                                                 # a control: never a route
+    assert gradfid.certify(rows, 0.05) == [{"ratio": 0.5, "t": [0.75, 1.0], "priority": 1},
+                                           {"ratio": 0.75, "t": [0.0, 0.25], "priority": 0},
+                                           {"ratio": 0.75, "t": [0.5, 1.0], "priority": 0}]
+
+
 def test_group_count_holds_every_batch_when_it_fits_and_refuses_below_three():
     gb = 1e9
     assert gradfid.group_count(16, int(0.1 * gb), max_memory_gb=16) == 16
@@ -99,7 +162,8 @@ def test_probe_writes_map_of_every_route_and_bin(run_dir, capsys):
     with open(run_dir / "probe" / "gradfid.csv") as f:
         rows = list(csv.DictReader(f))
     assert {(r["route"], r["t_lo"]) for r in rows} == {(route, t_lo) for route in ("mask50", "mask75", "sprint75",
-                                                                                     "down2") for t_lo in ("0.0", "0.5")}
+                                                                                     "down2", "native2")
+                                                        for t_lo in ("0.0", "0.5")}
     for row in rows:
         cosine, lo, hi = float(row["cosine"]), float(row["ci_lo"]), float(row["ci_hi"])
         assert row["n_batches"] == row["groups"] == "4" and -1.5 <= cosine <= 1.5 and lo <= cosine <= hi
@@ -110,7 +174,7 @@ def test_probe_is_deterministic_and_pairs_routes_with_the_full_gradient(run_dir,
     """Same seed, same rows; a 'route' that keeps every token sees the same x0/noise/t, so its cosine is 1."""
     monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.Route("mask0", 0.0),))
     rows = probe_gradfid(run_dir, bins=1, batches=3, batch_size=4)
-    assert [r["route"] for r in rows] == ["mask0", "down2"]
+    assert [r["route"] for r in rows] == ["mask0", "down2", "native2"]
     assert rows[0]["cosine"] == pytest.approx(1.0) and rows[0]["naive_cosine"] == pytest.approx(1.0)
     np.testing.assert_equal(probe_gradfid(run_dir, bins=1, batches=3, batch_size=4), rows)  # NaN == NaN here
 
@@ -127,9 +191,9 @@ def test_a_memory_cap_sums_batches_into_groups(run_dir, monkeypatch):
     monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.Route("mask0", 0.0), gradfid.Route("mask75", 0.75)))
     free = probe_gradfid(run_dir, bins=1, batches=6, batch_size=4)
     params = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[0])["params"]
-    stack_gb = 4 * params * 4 / 1e9                                               # full + 3 routes, fp32
+    stack_gb = 5 * params * 4 / 1e9                                               # full + 4 routes, fp32
     capped = probe_gradfid(run_dir, bins=1, batches=6, batch_size=4, max_memory_gb=3.5 * stack_gb)
-    assert [r["groups"] for r in free] == [6] * 3 and [r["groups"] for r in capped] == [3] * 3
+    assert [r["groups"] for r in free] == [6] * 4 and [r["groups"] for r in capped] == [3] * 4
     assert all(r["n_batches"] == 6 for r in capped)
     assert capped[0]["cosine"] == pytest.approx(1.0)  # the identical route, whatever the grouping
     assert [r["naive_cosine"] for r in capped] == pytest.approx([r["naive_cosine"] for r in free])

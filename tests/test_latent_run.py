@@ -6,6 +6,7 @@ stand-ins of `maskbench.eval.standins`, loaded through the same code as real fil
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from maskbench.cli import main
 from maskbench.config import load_config
 from maskbench.data.dataset import DatasetInfo, VaeSpec
 from maskbench.data.encode import EncodeOptions, encode
+from maskbench.data.pack import iter_tar_samples
+from maskbench.data.shards import shard_urls
 from maskbench.data.synth import write_synth
 from maskbench.eval import standins
 from maskbench.eval.decode import LatentDecoder
@@ -155,3 +158,41 @@ def fid_against(reference: FeatureStats, features, decoder: LatentDecoder):
         decoded = FeatureStats.from_features(features(to_uint8(decoder(latents))), features.name)
         return reference.frechet_distance(decoded)
     return fid
+
+
+def test_latent_demotion_end_to_end_with_a_small_random_vae(tmp_path: Path, opts: EncodeOptions, shards: Path,
+                                                            monkeypatch) -> None:
+    """encode --demote 0.75,0.5 -> train a route table on the demoted latents (the exact FLOPs plan) -> probe
+    them with the round-trip control; a route whose ratio was not encoded is refused before any work."""
+    from maskbench.config import ConfigError
+    from maskbench.models import objective
+    from maskbench.runs.gradfid import probe_gradfid
+    from maskbench.train.loop import Trainer
+    from maskbench.train.schedule import make_schedule
+
+    root = tmp_path / "latent"
+    demoting = EncodeOptions(**{**opts.__dict__, "demote": (0.75, 0.5)})
+    for split in ("train", "val"):
+        encode(shards, root / split, demoting, progress=False)
+    routes = "train.demote_routes=[{ratio: 0.75, t: [0.0, 0.6], priority: 1}, {ratio: 0.5, t: [0.5, 1.0]}]"
+    cfg = load_config(run_overrides(tmp_path, root, "arm=mask0", routes, "eval.points=[1.0]"))
+    inputs: list[torch.Tensor] = []
+    original = objective.flow_loss
+    monkeypatch.setattr(objective, "flow_loss", lambda model, x0, *a, **k: inputs.append(x0.detach()) or
+                        original(model, x0, *a, **k))
+    trainer = Trainer(cfg)
+    run = trainer.fit()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["flops"] == trainer.schedule.total_flops == make_schedule(cfg, trainer.data, 1).total_flops
+    assert {x.shape[-1] for x in inputs} >= {12, 8}                               # 16 × 0.75 and 16 × 0.5 latents
+    encoded = [torch.from_numpy(np.load(io.BytesIO(fields["latent_0.5.npy"])).astype(np.float32))
+               for url in shard_urls(root / "train") for _, fields in iter_tar_samples(Path(url))]
+    halves = [sample for x in inputs if x.shape[-1] == 8 for sample in x]         # 4×8×8 each
+    assert halves and all(any(torch.equal(h, e) for e in encoded) for h in halves)  # the stored VAE latents, not pooled
+    rows = probe_gradfid(run, bins=1, batches=3, batch_size=2, ratios=(0.75,))
+    assert [row["route"] for row in rows] == ["mask50", "mask75", "sprint75", "demote0.75", "native2", "roundtrip"]
+    roundtrip = rows[-1]
+    demoted = rows[3]
+    assert demoted["gap"] == pytest.approx((1 - demoted["cosine"]) - (1 - roundtrip["cosine"]), nan_ok=True)
+    with pytest.raises(ConfigError, match="--demote 0.875"):
+        Trainer(load_config(run_overrides(tmp_path, root, "arm=mask0", "train.demote_routes=[{ratio: 0.875, t: [0, 1]}]")))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from maskbench.config import ConfigError, DataConfig
+from maskbench.data.demote import demoted_size, ratio_key
 from maskbench.data.shards import decode_image_caption, decode_latent_text, read_manifest
 
 
@@ -45,6 +46,21 @@ class DatasetInfo:
     mix: tuple[tuple[Path, float], ...] = ()  # data=mix: (train dir, weight) of every source
     vae: VaeSpec | None = None                # latent data: the VAE its latents decode with
     synthetic: bool = False                   # synth scenes in pixels: the shipped oracle scores them
+    demoted: tuple[tuple[str, int], ...] = ()  # latent data: (ratio key, latent side) encoded with --demote
+
+    def demoted_size(self, ratio: float, patch: int) -> int:
+        """The side a demotion route at `ratio` trains at: pixels are resized in the step, latents must
+        have been encoded at that ratio (`maskbench data encode --demote`)."""
+        if not self.latent:
+            size = demoted_size(self.image_size, ratio, patch)
+        elif (size := dict(self.demoted).get(ratio_key(ratio))) is None:
+            encoded = ", ".join(key for key, _ in self.demoted) or "none"
+            raise ConfigError(f"demotion route {ratio:g} needs demoted latents, and {self.train_dir} has {encoded}: "
+                              f"encode with `maskbench data encode ... --demote {ratio:g}`")
+        if size % patch or not patch <= size < self.image_size:
+            raise ConfigError(f"demotion route {ratio:g} gives {size}×{size} inputs, not a smaller whole number of "
+                              f"{patch}-pixel patches of the native {self.image_size}")
+        return size
 
     @property
     def pixel_size(self) -> int:
@@ -109,4 +125,5 @@ def resolve_dataset(cfg: DataConfig, data_root: str | Path, create: bool = True)
         return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0,
                            synthetic=synthetic)
     return DatasetInfo(cfg.name, train_dir, val_dir, int(latent["size"]), int(latent["channels"]), True,
-                       int(latent["text_dim"]), int(latent["text_len"]), vae=VaeSpec.from_manifest(latent))
+                       int(latent["text_dim"]), int(latent["text_len"]), vae=VaeSpec.from_manifest(latent),
+                       demoted=tuple(sorted(latent.get("demote", {}).items())))

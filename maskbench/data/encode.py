@@ -33,6 +33,7 @@ from PIL import ImageOps
 from torchvision.transforms.functional import pil_to_tensor
 
 from maskbench.config import ConfigError
+from maskbench.data.demote import demoted_size, latent_field, parse_ratios, ratio_key, resize
 from maskbench.data.pack import claim_output, commit_unit, iter_tar_samples, merge_parts, run_units, unit_done
 from maskbench.data.shards import (IMAGE_EXTS, TAR_MTIME, BadSample, Skip, decode_image, decode_json, decode_text,
                                     encode_npy, read_manifest, shard_entry)
@@ -47,6 +48,8 @@ class EncodeOptions:
     text_weights: str | None = None  # local weights file; None is random init (tests only)
     resolution: int = 256  # images are resized (shorter side) and centre-cropped to this
     batch_size: int = 32
+    demote: tuple[float, ...] = ()  # also store the VAE's latents of the image resized by each ratio
+    patch: int = 2  # demoted latent sides are snapped to multiples of the DiT's patch (2 for every dit_* preset)
 
 
 class TextTower(torch.nn.Module):
@@ -90,6 +93,9 @@ class Encoders(torch.nn.Module):
         if opts.resolution < downsample or opts.resolution % downsample:
             raise ConfigError(f"--resolution {opts.resolution} is not a multiple of the VAE's downsampling {downsample}")
         self.latent_shape = (config.latent_channels, opts.resolution // downsample, opts.resolution // downsample)
+        # ratio key -> latent side; the image is resized to side × downsample pixels before encoding
+        self.demoted = {ratio_key(r): demoted_size(self.latent_shape[1], r, opts.patch) for r in opts.demote}
+        self.downsample = downsample
 
     def describe(self, opts: EncodeOptions) -> dict[str, Any]:
         """The manifest's `latent` block: everything a trainer needs to read the shards (latents are square)."""
@@ -98,13 +104,27 @@ class Encoders(torch.nn.Module):
             "resolution": opts.resolution, "channels": self.latent_shape[0], "size": self.latent_shape[1],
             "text_model": opts.text_model, "text_weights": opts.text_weights, "text_len": self.text.length,
             "text_dim": self.text.dim, "dtype": np.dtype(LATENT_DTYPE).name,
+            **({"demote": self.demoted} if self.demoted else {}),  # only when set: older folders resume
         }
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        posterior = self.vae.encode(images).latent_dist  # images: B×3×H×W in [-1, 1]
-        latents = (posterior.mean - self.shift_factor) * self.scaling_factor  # B×C×h×w
+        latents = vae_latents(self.vae, images, self.scaling_factor, self.shift_factor)  # B×C×h×w
         return latents, self.text(tokens)  # B×C×h×w, B×T×D
+
+    @torch.no_grad()
+    def demote(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Ratio key -> B×C×s×s: the VAE's latents of the images resized (`resize`) to s × downsample pixels.
+
+        Encoding the resized image, not resizing the native latent, is what a run at that resolution
+        would see: a VAE is not equivariant to resizing."""
+        return {key: vae_latents(self.vae, resize(images, side * self.downsample), self.scaling_factor,
+                                 self.shift_factor) for key, side in self.demoted.items()}
+
+
+def vae_latents(vae: torch.nn.Module, images: torch.Tensor, scaling_factor: float, shift_factor: float) -> torch.Tensor:
+    """B×3×H×W images in [-1, 1] -> B×C×h×w stored latents: the posterior mean, shifted and scaled."""
+    return (vae.encode(images).latent_dist.mean - shift_factor) * scaling_factor
 
 
 def _decoded(path: Path, resolution: int, skipped: Counter) -> Iterator[tuple[str, torch.Tensor, str, dict]]:
@@ -151,13 +171,16 @@ class _ShardEncoder:
         """Canonical samples -> latent samples, one call of each encoder per batch."""
         keys, images, captions, metas = zip(*batch)
         tokens = self.encoders.text.tokenizer(list(captions))  # B×T int64, 0-padded
-        latents, texts = self.encoders(torch.stack(images).to(self.device), tokens.to(self.device))
+        pixels = torch.stack(images).to(self.device)  # B×3×R×R
+        latents, texts = self.encoders(pixels, tokens.to(self.device))
         latents = latents.float().cpu().numpy().astype(LATENT_DTYPE)  # B×C×h×w
         texts = texts.float().cpu().numpy().astype(LATENT_DTYPE)  # B×T×D
+        demoted = {key: z.float().cpu().numpy().astype(LATENT_DTYPE) for key, z in self.encoders.demote(pixels).items()}
         for i, key in enumerate(keys):
             yield {
                 "__key__": key,
                 "latent.npy": encode_npy(latents[i]),
+                **{latent_field(ratio): encode_npy(z[i]) for ratio, z in demoted.items()},
                 "txtemb.npy": encode_npy(texts[i]),
                 "txt": captions[i].encode("utf-8"),
                 "json": json.dumps({**metas[i], "text_tokens": int((tokens[i] != 0).sum())}).encode("utf-8"),
@@ -223,13 +246,19 @@ def add_encode_arguments(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--text-weights", help="local open_clip weights file for --text-model (not for local-dir:)")
     parser.add_argument("--resolution", type=int, default=256, help="image side before encoding")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--demote", type=parse_ratios, default=(), metavar="R1,R2,...",
+                        help="also store the latents of each sample resized by these ratios in (0, 1), e.g. "
+                             "0.75,0.875, as KEY.latent_R.npy: what train.demote_routes train on")
+    parser.add_argument("--patch", type=int, default=2,
+                        help="snap demoted latent sides to multiples of the DiT patch size (default 2)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     parser.set_defaults(func=encode_command)
 
 
 def encode_command(args: argparse.Namespace) -> int:
     """CLI handler: 0 on success; bad input raises ConfigError (`maskbench` prints it, exit 2)."""
-    opts = EncodeOptions(args.vae, args.text_model, args.text_weights, args.resolution, args.batch_size)
+    opts = EncodeOptions(args.vae, args.text_model, args.text_weights, args.resolution, args.batch_size,
+                         args.demote, args.patch)
     if args.text_weights is None and not args.text_model.startswith("local-dir:"):
         raise ConfigError(f"--text-weights FILE is needed for {args.text_model} (nothing is downloaded)")
     manifest = encode(args.input, args.output, opts, progress=args.progress)

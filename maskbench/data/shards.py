@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from maskbench.config import ConfigError
+from maskbench.data.demote import field_key
 from maskbench.files import sha256_file, write_json_atomic
 
 FORMAT = "maskbench-shards-v1"
@@ -309,7 +310,8 @@ def decode_latent_text(sample: dict) -> dict:
     """Decode for latent shards (`maskbench data encode`): the latent takes the image's place.
 
     {"image": C×h×w float latent, "txtemb": T×D float, "txtmask": T bool (True up to the caption's
-    token count, so padding after the end token is not attended), "caption": str, "key": str}.
+    token count, so padding after the end token is not attended), "caption": str, "key": str}, and
+    "demoted": {ratio: C×s×s float} when the shards hold demoted latents (`latent_RATIO.npy`, `--demote`).
     """
     if "latent.npy" not in sample or "txtemb.npy" not in sample:
         raise BadSample("missing_latent")
@@ -318,8 +320,11 @@ def decode_latent_text(sample: dict) -> dict:
     meta = decode_json(sample["json"]) if "json" in sample else {}
     n_tokens = int(meta.get("text_tokens", text.shape[0]))
     caption = decode_text(sample["txt"]).strip() if "txt" in sample else ""
-    return {"image": latent, "txtemb": text, "txtmask": torch.from_numpy(np.arange(text.shape[0]) < max(n_tokens, 1)),
-            "caption": caption, "key": sample["__key__"]}
+    decoded = {"image": latent, "txtemb": text, "txtmask": torch.from_numpy(np.arange(text.shape[0]) < max(n_tokens, 1)),
+               "caption": caption, "key": sample["__key__"]}
+    demoted = {key: torch.from_numpy(decode_npy(data).astype(np.float32))                # C×s×s each
+               for name, data in sample.items() if (key := field_key(name)) is not None}
+    return {**decoded, "demoted": demoted} if demoted else decoded
 
 
 # ----------------------------------------------------------------------------- loading

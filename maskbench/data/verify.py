@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from maskbench.data.demote import latent_field
 from maskbench.data.pack import iter_tar_samples
 from maskbench.data.shards import (IMAGE_EXTS, BadSample, Skip, decode_image, decode_json, decode_npy, decode_text,
                                    read_manifest)
@@ -46,6 +47,8 @@ def _expected_arrays(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     return {
         "latent.npy": ((latent["channels"], latent["size"], latent["size"]), latent["dtype"]),
         "txtemb.npy": ((latent["text_len"], latent["text_dim"]), latent["dtype"]),
+        **{latent_field(key): ((latent["channels"], side, side), latent["dtype"])
+           for key, side in latent.get("demote", {}).items()},                     # `encode --demote`
     }
 
 

@@ -204,7 +204,7 @@ class DiT(nn.Module):
         self.cfg = cfg
         self.in_channels = in_channels
         self.patch_size = cfg.patch_size
-        # strict_img_size off: downscaled steps feed H/f × W/f images through the same patch embed.
+        # strict_img_size off: demoted steps feed smaller images through the same patch embed.
         self.x_embedder = PatchEmbed(image_size, cfg.patch_size, in_channels, cfg.width, strict_img_size=False)
         self.grid: tuple[int, int] = self.x_embedder.grid_size       # (h, w) token grid, raster order
         self.seq_len = self.grid[0] * self.grid[1]
@@ -298,7 +298,7 @@ class DiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor,
                 keep_idx: torch.Tensor | None = None, drop_context: torch.Tensor | None = None) -> torch.Tensor:
-        """x_t B×C×H×W (native, or downscaled by an integer factor), t B in [0, 1], keep_idx B×K sorted
+        """x_t B×C×H×W (native, or demoted to fewer patches), t B in [0, 1], keep_idx B×K sorted
         (None = all L) -> B×K×(p·p·C) for the kept tokens, or B×L×(p·p·C) with decoder blocks."""
         self._check_inputs(x, t, context_mask, keep_idx)
         ctx, ctx_mask = self.encode_context(context, context_mask, drop_context)       # B×T×D, B×T
@@ -343,16 +343,22 @@ class DiT(nn.Module):
         return gate(skip, keep_idx)
 
     def positions(self, h: int, w: int) -> torch.Tensor:
-        """L×D positions of an h×w token grid: the native sin-cos table, box-filtered on downscaled grids.
+        """L×D positions of an h×w token grid: the native sin-cos table, filtered down on demoted grids.
 
-        A token of a grid downscaled by f covers f×f native tokens, so it gets their mean position:
-        sin-cos evaluated at the covered region's centre, with frequencies finer than the token damped.
+        A token of a grid downscaled by an integer f covers f×f native tokens, so it gets their mean
+        position: sin-cos evaluated at the covered region's centre, with frequencies finer than the token
+        damped. A non-integer ratio's tokens straddle native ones, and adaptive pooling's integer windows
+        would shift their centres by up to half a token, so the table is resampled instead (antialiased
+        bilinear: each token's true centre, a filter as wide as the token).
         """
         if (h, w) == self.grid:
             return self.pos_embed                                                      # L×D
         table = self.pos_embed.T.reshape(1, -1, *self.grid)                            # 1×D×H×W
-        pooled = F.adaptive_avg_pool2d(table, (h, w))                                  # 1×D×h×w
-        return pooled.flatten(2)[0].T                                                  # (h·w)×D
+        if self.grid[0] % h or self.grid[1] % w:
+            resampled = F.interpolate(table, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+        else:
+            resampled = F.adaptive_avg_pool2d(table, (h, w))                           # 1×D×h×w
+        return resampled.flatten(2)[0].T                                               # (h·w)×D
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         """B×C×H×W -> B×L×(p·p·C) in the model's token order (the regression target per token)."""
@@ -374,9 +380,9 @@ class DiT(nn.Module):
                       keep_idx: torch.Tensor | None) -> None:
         B = x.shape[0]
         (h, w), p = self.grid, self.patch_size
-        if x.ndim != 4 or x.shape[1] != self.in_channels or not _divides_grid(x.shape[-2:], p, (h, w)):
-            raise ValueError(f"expected x of shape B×{self.in_channels}×{h * p}×{w * p} (or downscaled by an "
-                             f"integer factor dividing the {h}×{w} token grid), got {tuple(x.shape)}")
+        if x.ndim != 4 or x.shape[1] != self.in_channels or not _fits_grid(x.shape[-2:], p, (h, w)):
+            raise ValueError(f"expected x of shape B×{self.in_channels}×{h * p}×{w * p} (or demoted to a "
+                             f"smaller whole number of {p}-pixel patches), got {tuple(x.shape)}")
         if t.shape != (B,) or context_mask.ndim != 2 or context_mask.shape[0] != B:
             raise ValueError(f"expected t of shape ({B},) and context_mask B×T, "
                              f"got {tuple(t.shape)} and {tuple(context_mask.shape)}")
@@ -388,13 +394,12 @@ class DiT(nn.Module):
             raise ValueError(f"expected keep_idx {B}×K with K <= {seq_len}, got {tuple(keep_idx.shape)}")
 
 
-def _divides_grid(size: torch.Size, patch: int, grid: tuple[int, int]) -> bool:
-    """True if an H×W input is the native size, or the native size over one integer factor of the grid."""
+def _fits_grid(size: torch.Size, patch: int, grid: tuple[int, int]) -> bool:
+    """True if an H×W input is a whole number of patches, at most the native grid and of its aspect
+    (native or demoted: both sides shrink by one ratio)."""
     H, W = size
-    if H % patch or W % patch or H // patch == 0:
-        return False
-    factor, rem = divmod(grid[0], H // patch)
-    return rem == 0 and grid[1] == factor * (W // patch)
+    h, w = H // patch, W // patch
+    return H % patch == 0 and W % patch == 0 and 0 < h <= grid[0] and 0 < w <= grid[1] and h * grid[1] == w * grid[0]
 
 
 def _validate(cfg: ModelConfig, image_size: int, context_dim: int, text_encoder: nn.Module | None) -> None:

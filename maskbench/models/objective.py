@@ -7,11 +7,14 @@ convention (t = 0 is data, t = 1 is noise) and on what each route's loss is.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from maskbench.config import DemoteRoute
+from maskbench.data.demote import demoted_size, ratio_key, resize
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
 
@@ -42,12 +45,46 @@ def downscale(x0: torch.Tensor, noise: torch.Tensor, factor: int) -> tuple[torch
     return F.avg_pool2d(x0, factor), F.avg_pool2d(noise, factor) * factor            # B×C×H/f×W/f each
 
 
+def demote(x0: torch.Tensor, noise: torch.Tensor, ratio: float, patch: int, generator: torch.Generator | None,
+           demoted_x0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x0, noise) of a route at `ratio`: the side shrinks to `demoted_size`, snapped to the patch grid.
+
+    x0 is `demoted_x0` when the data brings it (latent shards: the VAE's encoding of the resized
+    image), else the resized x0 (pixels). Where the native side is an integer multiple of the demoted
+    one this is `downscale` (box filter, pooled noise: no new draw). Otherwise pooled noise would be
+    correlated and of uneven variance, so fresh N(0, I) noise is drawn from the step's `generator`,
+    after every other draw of the step.
+    """
+    size = demoted_x0.shape[-1] if demoted_x0 is not None else demoted_size(x0.shape[-1], ratio, patch)
+    factor, rest = divmod(x0.shape[-1], size)
+    if rest == 0:
+        low, noise_low = downscale(x0, noise, factor)                                 # n×C×s×s each
+    else:
+        low = resize(x0, size) if demoted_x0 is None else None                        # n×C×s×s
+        noise_low = torch.randn((*x0.shape[:2], size, size), generator=generator,
+                                device=noise.device if generator is None else generator.device).to(noise.device)
+    return (low if demoted_x0 is None else demoted_x0.to(x0)), noise_low
+
+
 def in_window(t: torch.Tensor, window: list[float] | tuple[float, ...]) -> torch.Tensor:
     """B bool: which samples' t lie in the closed window [lo, hi] (empty window: none)."""
     if not window:
         return torch.zeros_like(t, dtype=torch.bool)
     lo, hi = window
     return (t >= lo) & (t <= hi)                                                      # B
+
+
+def route_choice(t: torch.Tensor, routes: Sequence[DemoteRoute], gate: str) -> torch.Tensor:
+    """B long: the route each sample trains on (an index into `routes`, tried in order), −1 = native.
+
+    gate "sample": each sample takes the first route whose window holds its t. gate "batch" (anima's
+    strict gate): the whole micro-batch takes the first route whose window holds every t, else none.
+    """
+    choice = torch.full(t.shape, -1, dtype=torch.long, device=t.device)               # B
+    for index, route in reversed(list(enumerate(routes))):                            # the first match wins
+        inside = in_window(t, route.t)                                                # B
+        choice[inside.all().expand_as(inside) if gate == "batch" else inside] = index
+    return choice
 
 
 def mae_target(x_t_tokens: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -87,23 +124,31 @@ def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor
 
 def windowed_flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
                        context_mask: torch.Tensor, keep_idx: torch.Tensor | None, drop_context: torch.Tensor,
-                       window: list[float], factor: int, mae_weight: float = 0.0,
-                       forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """`flow_loss`, except that samples whose t lies in `window` train at 1/factor resolution.
+                       routes: Sequence[DemoteRoute] = (), gate: str = "sample", mae_weight: float = 0.0,
+                       forward: Callable[..., torch.Tensor] | None = None, generator: torch.Generator | None = None,
+                       demoted: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """`flow_loss`, except that the samples `route_choice` sends to a route train at its smaller size.
 
-    The batch splits in two (every sample keeps its own t, noise and caption dropout) and the loss is
-    the mean over samples of either part. Token dropping and downscaling are separate arms, so the
-    split runs at mask 0 (the config refuses both at once).
+    The batch splits by route (every sample keeps its own t, noise and caption dropout) and the loss is
+    the mean over samples of every part. `demoted` holds latent data's demoted x0 per ratio (B×C×s×s,
+    keyed `ratio_key`); `generator` draws the noise of non-integer ratios. Token dropping and demotion
+    are separate arms, so the split runs at mask 0 (the config refuses both at once).
     """
     loss = functools.partial(flow_loss, model, mae_weight=mae_weight, forward=forward)
-    low = in_window(t, window)                                                        # B
-    if not low.any():
+    choice = route_choice(t, routes, gate)                                            # B
+    if (choice < 0).all():
         return loss(x0, noise, t, context, context_mask, keep_idx, drop_context)
     if keep_idx is not None:
         raise ValueError("downscaled samples train on every token: keep_idx must be None")
-    full = ~low                                                                       # B
-    x0_low, noise_low = downscale(x0[low], noise[low], factor)                        # n_low×C×H/f×W/f
-    total = low.sum() * loss(x0_low, noise_low, t[low], context[low], context_mask[low], None, drop_context[low])
+    total = 0.0
+    for index, route in enumerate(routes):
+        part = choice == index                                                        # B
+        if part.any():
+            given = demoted[ratio_key(route.ratio)][part] if demoted is not None else None
+            x0_low, noise_low = demote(x0[part], noise[part], route.ratio, model.patch_size, generator, given)
+            total = total + part.sum() * loss(x0_low, noise_low, t[part], context[part], context_mask[part], None,
+                                              drop_context[part])                   # n×C×s×s inputs
+    full = choice < 0                                                                 # B
     if full.any():
         total = total + full.sum() * loss(x0[full], noise[full], t[full], context[full], context_mask[full],
                                           None, drop_context[full])

@@ -92,6 +92,13 @@ class CosineEstimate:
     ci_hi: float
     naive: float
     n: int
+    loo: tuple[float, ...] = ()  # the n leave-one-batch-out estimates (for intervals of derived quantities)
+
+
+def jackknife_se(loo: np.ndarray) -> float:
+    """The jackknife standard error from n leave-one-out estimates: √((n−1)/n · Σ_k (θ_k − θ̄)²)."""
+    n = len(loo)
+    return math.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2))
 
 
 def debiased_cosine(gram_aa: np.ndarray, gram_bb: np.ndarray, gram_ab: np.ndarray,
@@ -125,9 +132,9 @@ def debiased_cosine(gram_aa: np.ndarray, gram_bb: np.ndarray, gram_ab: np.ndarra
     loo = [s - g.sum(1) - g.sum(0) + 2 * d for s, g, d in zip(off, grams, diagonals)]  # 3×n
     cosine = _cosine(*off)
     jack = _cosine(*loo)                                                           # n
-    half = scipy.stats.norm.ppf((1 + level) / 2) * math.sqrt((n - 1) / n * np.sum((jack - jack.mean()) ** 2))
+    half = scipy.stats.norm.ppf((1 + level) / 2) * jackknife_se(jack)
     naive = float(np.mean(diagonals[2] / np.sqrt(diagonals[0] * diagonals[1])))
-    return CosineEstimate(float(cosine), float(cosine - half), float(cosine + half), naive, n)
+    return CosineEstimate(float(cosine), float(cosine - half), float(cosine + half), naive, n, tuple(jack.tolist()))
 
 
 def _cosine(aa: np.ndarray, bb: np.ndarray, ab: np.ndarray) -> np.ndarray:

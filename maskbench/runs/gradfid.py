@@ -1,11 +1,17 @@
 """`maskbench probe gradfid RUN_DIR`: does token dropping preserve the training signal, per noise level?
 
-A masked (or downscaled) step is a cheaper estimate of the full-token gradient only if its expected
+A masked (or demoted) step is a cheaper estimate of the full-token gradient only if its expected
 gradient points the same way. For each t bin this probe computes, on the same batches, noise and t,
 the gradient of the full-token loss and of each cheap route (random 50% / 75% masks, SPRINT's
-structured 75% mask, ×2 downscaling on pixel data), and reports the debiased cosine between their
-expectations (`debiased_cosine`) with a jackknife interval. The weights are the run's RAW trained
-weights (not the EMA): the question is about the gradient of the model being trained.
+structured 75% mask, demotion to each ratio: the resized image on pixels, the shards' demoted latents
+on latent data), and reports the debiased cosine between their expectations (`debiased_cosine`) with
+a jackknife interval. The weights are the run's RAW trained weights (not the EMA): the question is
+about the gradient of the model being trained.
+
+Two controls, after anima_lora's tier-routing probe: a self-floor (a second native gradient on fresh
+noise, the gap two estimates of one expectation show) and, on latents, the VAE round trip (decode and
+re-encode at native size), whose gap is the encoder chain's and is subtracted from every demotion
+route's. `certify` turns the bins where a route's gap is surely below EPS into a route table.
 
 Every bin reuses the same n batches of training data, so the bins of a route differ only in t and
 noise. A bin holds m group sums of (routes + 1) flattened fp32 gradients on the CPU until their Gram
@@ -32,41 +38,65 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on clusters or CI
 import matplotlib.pyplot as plt
 import numpy as np
+import scipy.stats
 import torch
+import yaml
 from tqdm import tqdm
 
 from maskbench.config import ConfigError, RunConfig, load_run_config
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
+from maskbench.data.demote import ratio_key
+from maskbench.data.encode import vae_latents
 from maskbench.data.shards import make_loader
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.objective import downscale, flow_loss
-from maskbench.results.stats import debiased_cosine
+from maskbench.eval.decode import LatentDecoder, resolve_vae
+from maskbench.models.objective import demote, flow_loss
+from maskbench.results.stats import debiased_cosine, jackknife_se
 from maskbench.train.checkpoint import RunDir
 from maskbench.train.schedule import step_generators
 
-CSV_FIELDS = ("route", "mask_ratio", "t_lo", "t_hi", "n_batches", "groups", "cosine", "ci_lo", "ci_hi",
-              "naive_cosine")
+CSV_FIELDS = ("route", "mask_ratio", "ratio", "t_lo", "t_hi", "n_batches", "groups", "cosine", "ci_lo", "ci_hi",
+              "naive_cosine", "gap", "gap_hi")
 GRAM_CHUNK = 1 << 18  # parameters per fp64 Gram update: bounds the fp64 copy at groups·(1+R)·2 MiB
 
 
 @dataclass(frozen=True)
 class Route:
-    """A cheaper way to compute a training gradient, compared against the full-token one."""
+    """A cheaper way to compute a training gradient, compared against the full-token one.
+
+    `control` marks the two routes that measure the probe rather than a saving: "floor", a second
+    native gradient on fresh noise (the gap two estimates of the same expectation show), and, on
+    latent data, "roundtrip", the native latent decoded and re-encoded by the VAE (the encoder
+    chain's own gap, which a demoted latent carries too and which is subtracted from it).
+    """
     name: str
     mask_ratio: float = 0.0
     structured: bool = False
-    downscale: int = 1
+    ratio: float = 1.0   # demoted side / native side: < 1 is a demotion route
+    control: str = ""
 
 
 MASK_ROUTES = (Route("mask50", 0.5), Route("mask75", 0.75), Route("sprint75", 0.75, structured=True))
-DOWNSCALE_ROUTE = Route("down2", downscale=2)
+FLOOR, ROUNDTRIP = Route("native2", control="floor"), Route("roundtrip", control="roundtrip")
 
 
-def routes_for(data: DatasetInfo) -> tuple[Route, ...]:
-    """Every mask route; downscaling only on pixel data (latent shards hold no downscaled latents)."""
-    return MASK_ROUTES if data.latent else (*MASK_ROUTES, DOWNSCALE_ROUTE)
+def demote_route(ratio: float) -> Route:
+    """`down2` for ×2 (the name earlier probe tables use), `demote0.75` for any other ratio."""
+    factor = 1 / ratio
+    return Route(f"down{factor:g}" if factor.is_integer() else f"demote{ratio:g}", ratio=ratio)
+
+
+def routes_for(data: DatasetInfo, ratios: tuple[float, ...] | None = None) -> tuple[Route, ...]:
+    """Every mask route, a demotion route per ratio, the self-floor and (latents) the round-trip control.
+
+    Default ratios: ×2 on pixels; on latent shards the ratios they were encoded with (`--demote`),
+    since a demoted latent is the VAE's encoding of the resized image, not a resized latent.
+    """
+    if ratios is None:
+        ratios = tuple(float(key) for key, _ in data.demoted) if data.latent else (0.5,)
+    return (*MASK_ROUTES, *map(demote_route, ratios), FLOOR, *((ROUNDTRIP,) if data.latent else ()))
 
 
 def load_trained_model(run: RunDir, cfg: RunConfig, data: DatasetInfo, device: torch.device) -> tuple[DiT, Path]:
@@ -95,7 +125,11 @@ def flat_grad(model: DiT, loss: torch.Tensor) -> torch.Tensor:
 
 def route_grads(model: DiT, batch: dict, routes: tuple[Route, ...], t_bin: tuple[float, float],
                 generator: torch.Generator, mae_weight: float, device: torch.device) -> torch.Tensor:
-    """(1 + routes)×P gradients on one batch: the full-token one first, then each route's, on the same x0/noise/t."""
+    """(1 + routes)×P gradients on one batch: the full-token one first, then each route's, on the same x0/noise/t.
+
+    A demotion route's x0 is the batch's demoted latent on latent data (`batch["demoted"]`), the resized
+    image on pixels; the round-trip control reads `batch["roundtrip"]` (`with_roundtrip`).
+    """
     x0 = batch["image"].to(device)                                                 # B×C×H×W
     b = x0.shape[0]
     lo, hi = t_bin
@@ -106,13 +140,32 @@ def route_grads(model: DiT, batch: dict, routes: tuple[Route, ...], t_bin: tuple
                              mae_weight=mae_weight)
     grads = [flat_grad(model, loss(x0, noise))]
     for route in routes:
-        if route.downscale > 1:
-            grads.append(flat_grad(model, loss(*downscale(x0, noise, route.downscale))))
-            continue
-        keep_idx = random_keep_idx(b, model.seq_len, route.mask_ratio, generator=generator, device=device,
-                                   grid=model.grid, structured=route.structured)  # B×K
-        grads.append(flat_grad(model, loss(x0, noise, keep_idx=keep_idx)))
+        if route.control == "floor":
+            fresh = torch.randn(x0.shape, generator=generator).to(device)          # B×C×H×W
+            grads.append(flat_grad(model, loss(x0, fresh)))
+        elif route.control == "roundtrip":
+            grads.append(flat_grad(model, loss(batch["roundtrip"].to(device), noise)))
+        elif route.ratio < 1:
+            given = batch["demoted"][ratio_key(route.ratio)] if "demoted" in batch else None  # B×C×s×s
+            grads.append(flat_grad(model, loss(*demote(x0, noise, route.ratio, model.patch_size, generator, given))))
+        else:
+            keep_idx = random_keep_idx(b, model.seq_len, route.mask_ratio, generator=generator, device=device,
+                                       grid=model.grid, structured=route.structured)  # B×K
+            grads.append(flat_grad(model, loss(x0, noise, keep_idx=keep_idx)))
     return torch.stack(grads)                                                      # (1+R)×P
+
+
+def with_roundtrip(batches: list[dict], data: DatasetInfo, vae: str | None, device: torch.device) -> list[dict]:
+    """Each batch with `roundtrip`: its latents decoded to images and encoded again at the native size."""
+    decoder = LatentDecoder(resolve_vae(data.vae, vae), device)
+    spec = decoder.spec
+    out = []
+    for batch in batches:
+        with torch.no_grad():
+            images = decoder(batch["image"]).clamp(-1, 1)                           # B×3×H×W, as a stored image
+            again = vae_latents(decoder.vae, images.to(device), spec.scaling_factor, spec.shift_factor)  # B×C×h×w
+        out.append({**batch, "roundtrip": again.half().float().cpu()})              # stored as fp16, as encoded
+    return out
 
 
 def t_bins(n_bins: int) -> list[tuple[float, float]]:
@@ -131,8 +184,12 @@ def group_count(batches: int, stack_bytes: int, max_memory_gb: float) -> int:
 
 
 def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_size: int = 32, seed: int = 0,
-                  device: torch.device | None = None, max_memory_gb: float = 16.0) -> list[dict]:
-    """Write RUN_DIR/probe/gradfid.csv and gradfid.png; return the rows (one per route × t bin)."""
+                  device: torch.device | None = None, max_memory_gb: float = 16.0,
+                  ratios: tuple[float, ...] | None = None, vae: str | None = None) -> list[dict]:
+    """Write RUN_DIR/probe/gradfid.csv and gradfid.png; return the rows (one per route × t bin).
+
+    `ratios`: the demotion routes (default `routes_for`'s); `vae`: the VAE folder of latent data in
+    place of the recorded one (the round-trip control runs it)."""
     if bins < 1 or batches < 3 or batch_size < 1:
         raise ConfigError(f"need bins >= 1, batches >= 3 (the jackknife drops one of >= 3) and batch size >= 1; "
                          f"got {bins}, {batches}, {batch_size}")
@@ -140,11 +197,16 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
     cfg = load_run_config(run.root)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
+    routes = routes_for(data, ratios)
+    for route in routes:
+        if route.ratio < 1:
+            data.demoted_size(route.ratio, cfg.model.patch_size)  # refuses a ratio the latents lack, before work
     model, ckpt = load_trained_model(run, cfg, data, device)
-    routes = routes_for(data)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     groups = group_count(batches, (1 + len(routes)) * params * 4, max_memory_gb)
     data_batches = probe_batches(cfg, data, batches, batch_size, seed)
+    if ROUNDTRIP in routes:
+        data_batches = with_roundtrip(data_batches, data, vae, device)
     rows = []
     with tqdm(total=bins * batches, desc=f"gradfid {run.root.name}", unit="batch", dynamic_ncols=True) as bar:
         for k, t_bin in enumerate(t_bins(bins)):
@@ -156,7 +218,7 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
                 naive.append(cosines_to_full(stack))
                 sums[i % groups] += stack
                 bar.update()
-            rows += bin_rows(sums, np.mean(naive, axis=0), routes, t_bin, batches)
+            rows += bin_rows(sums, np.mean(naive, axis=0), routes, t_bin, batches, bins)
     out = run.root / "probe"
     out.mkdir(exist_ok=True)
     write_csv(out / "gradfid.csv", rows)
@@ -181,19 +243,55 @@ def cosines_to_full(stack: torch.Tensor) -> np.ndarray:
 
 
 def bin_rows(sums: torch.Tensor, naive: np.ndarray, routes: tuple[Route, ...], t_bin: tuple[float, float],
-             n_batches: int) -> list[dict]:
+             n_batches: int, n_bins: int, level: float = 0.95) -> list[dict]:
     """One row per route from a bin's m group sums (m×(1+R)×P), via one fp64 Gram matrix of all of them.
 
-    `naive` is each route's mean per-batch cosine, taken before the batches were summed into groups."""
+    `naive` is each route's mean per-batch cosine, taken before the batches were summed into groups.
+    gap = 1 − debiased cosine; a demotion route's gap has the round-trip control's subtracted when there
+    is one (both on the same batches, so the difference's jackknife runs on paired leave-one-outs).
+    gap_hi is its one-sided upper bound at `level`, Bonferroni-corrected over the `n_bins` bins tested.
+    """
     m, stack = sums.shape[:2]
     g = gram(sums.reshape(m * stack, -1)).reshape(m, stack, m, stack)              # group, route, group, route
+    fits = [debiased_cosine(g[:, 0, :, 0], g[:, r, :, r], g[:, 0, :, r]) for r in range(1, stack)]
+    control = next((fit for route, fit in zip(routes, fits) if route.control == "roundtrip"), None)
+    z = scipy.stats.norm.ppf(1 - (1 - level) / n_bins)
     rows = []
-    for r, route in enumerate(routes, start=1):
-        est = debiased_cosine(g[:, 0, :, 0], g[:, r, :, r], g[:, 0, :, r])
-        rows.append({"route": route.name, "mask_ratio": route.mask_ratio, "t_lo": t_bin[0], "t_hi": t_bin[1],
-                     "n_batches": n_batches, "groups": est.n, "cosine": est.cosine, "ci_lo": est.ci_lo,
-                     "ci_hi": est.ci_hi, "naive_cosine": float(naive[r - 1])})
+    for route, est, naive_cosine in zip(routes, fits, naive):
+        gap, loo = 1 - est.cosine, 1 - np.array(est.loo)                            # scalar, m
+        if route.ratio < 1 and control is not None:
+            gap, loo = gap - (1 - control.cosine), loo - (1 - np.array(control.loo))
+        rows.append({"route": route.name, "mask_ratio": route.mask_ratio, "ratio": route.ratio, "t_lo": t_bin[0],
+                     "t_hi": t_bin[1], "n_batches": n_batches, "groups": est.n, "cosine": est.cosine,
+                     "ci_lo": est.ci_lo, "ci_hi": est.ci_hi, "naive_cosine": float(naive_cosine), "gap": float(gap),
+                     "gap_hi": float(gap + z * jackknife_se(loo))})                 # NaN stays NaN: never certified
     return rows
+
+
+def certify(rows: list[dict], eps: float) -> list[dict]:
+    """The route table the probe certifies: per demotion ratio, each run of contiguous bins whose gap_hi < eps.
+
+    Deeper demotion (smaller ratio) gets the higher priority, so where windows overlap a sample takes
+    the cheapest route certified for its t (anima's stacked router). Returns `train.demote_routes` entries.
+    """
+    table = []
+    for ratio in sorted({row["ratio"] for row in rows if row["ratio"] < 1}):
+        bins = sorted((row["t_lo"], row["t_hi"], row["gap_hi"] < eps) for row in rows if row["ratio"] == ratio)
+        for passed, run in itertools.groupby(bins, key=lambda b: b[2]):
+            if passed:
+                run = list(run)
+                table.append({"ratio": ratio, "t": [run[0][0], run[-1][1]]})
+    ranks = {ratio: rank for rank, ratio in enumerate(sorted({r["ratio"] for r in table}, reverse=True))}
+    return [{**route, "priority": ranks[route["ratio"]]} for route in table]
+
+
+def write_arm(path: Path, table: list[dict], eps: float, source: str) -> None:
+    """An arm file `maskbench run arm=PATH` takes: mask 0 throughout, the certified routes, per-sample gate."""
+    arm = {"arm": {"name": path.stem, "description": f"demotion routes certified by gradfid at eps {eps:g} on {source}",
+                   "phases": [{"mask_ratio": 0.0, "fraction": 1.0}]},
+           "train": {"demote_routes": table, "demote_gate": "sample"}}
+    path.write_text(f"# written by `maskbench probe gradfid --certify {eps:g}` on {source}\n"
+                    + yaml.safe_dump(arm, sort_keys=False))
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

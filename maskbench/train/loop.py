@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from maskbench.config import ConfigError, RunConfig, Trainable, run_id, to_dict
+from maskbench.config import ConfigError, RunConfig, Trainable, demote_routes, run_id, to_dict
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.shards import ShardLoader, make_loader
 from maskbench.models.build import batch_context, build_model, loader_decoder
@@ -149,9 +149,7 @@ class Trainer:
             check_model(cfg.model, planned_data.image_size)  # latent data's size is known only here
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        if cfg.train.downscale_window and planned_data.latent:
-            raise ConfigError("train.downscale_window needs pixel data (synth): latent shards hold no "
-                              "downscaled latents")
+        self.routes = demote_routes(cfg.train)  # a route's ratio missing from latent shards is refused by the plan
         self.schedule = make_schedule(cfg, planned_data, self.n_streams)
         with self.accelerator.main_process_first():  # rank 0 generates missing synth data, the others read it
             self.data = resolve_dataset(cfg.data, cfg.paths.data)
@@ -234,8 +232,8 @@ class Trainer:
         context, context_mask = batch_context(unwrapped, batch, acc.device)
         with acc.autocast():
             return windowed_flow_loss(unwrapped, x0, noise, t, context, context_mask, keep_idx, drop,
-                                      cfg.train.downscale_window, cfg.train.downscale_factor,
-                                      cfg.train.mae_weight, forward=self.forward)
+                                      self.routes, cfg.train.demote_gate, cfg.train.mae_weight,
+                                      forward=self.forward, generator=gen_dev, demoted=batch.get("demoted"))
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> torch.Tensor:
         """Backward over this rank's micro-batches (all-reduced once, after the last); returns their losses."""

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from maskbench.config import ConfigError, Phase, RunConfig, Trainable, Until
+from maskbench.config import ConfigError, Phase, RunConfig, Trainable, Until, demote_routes
 from maskbench.data.dataset import DatasetInfo
-from maskbench.models.objective import in_window, sample_t
+from maskbench.models.objective import route_choice, sample_t
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
 
 
@@ -152,27 +152,30 @@ def skips_only_batch_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float)
                                  text_encoder=not data.latent)
 
 
-def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downscaled: int = 0) -> int:
-    """FLOPs of one training step of the global batch, `downscaled` of its samples at 1/factor resolution
-    (a step's cost is linear in its batch, so the two parts add)."""
+def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downscaled: tuple[int, ...] = ()) -> int:
+    """FLOPs of one training step of the global batch, downscaled[r] of its samples at route r's size
+    (`demote_routes` order; a step's cost is linear in its batch, so the parts add)."""
     def per_sample(image_size: int) -> int:
         return train_step_flops(cfg.model, image_size, data.channels, data.context_dim or cfg.model.text_width,
                                 data.context_len or cfg.model.text_len, 1, mask_ratio,
                                 text_encoder=not data.latent)
 
-    full = (cfg.train.batch_size - downscaled) * per_sample(data.image_size)
-    return full + (downscaled and downscaled * per_sample(data.image_size // cfg.train.downscale_factor))
+    sizes = [data.demoted_size(route.ratio, cfg.model.patch_size) for route in demote_routes(cfg.train)]
+    full = (cfg.train.batch_size - sum(downscaled)) * per_sample(data.image_size)
+    return full + sum(count and count * per_sample(size) for count, size in zip(downscaled, sizes))
 
 
-def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> int:
-    """How many samples of global step `step` train downscaled: those whose t falls in the window.
+def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> tuple[int, ...]:
+    """How many samples of global step `step` train on each demotion route (`route_choice` of their t).
 
-    Each stream's t is the first draw of its step generator (as in `Trainer.stream_loss`), so the
-    count is known before training and the FLOPs budget can be planned exactly.
+    Each stream's t is the first draw of its step generator (as in `Trainer.stream_loss`), and the
+    batch gate decides per stream micro-batch as the loss does, so the counts are known before
+    training and the FLOPs budget can be planned exactly.
     """
-    if not cfg.train.downscale_window:
-        return 0
-    cpu = torch.device("cpu")
-    return sum(int(in_window(sample_t(cfg.train.batch_size // n_streams, step_generators(cfg.seed, s, step, cpu)[0],
-                                      cpu), cfg.train.downscale_window).sum())
-               for s in range(n_streams))
+    routes = demote_routes(cfg.train)
+    if not routes:
+        return ()
+    cpu, b = torch.device("cpu"), cfg.train.batch_size // n_streams
+    choices = torch.cat([route_choice(sample_t(b, step_generators(cfg.seed, s, step, cpu)[0], cpu), routes,
+                                      cfg.train.demote_gate) for s in range(n_streams)])  # B, −1 = native
+    return tuple(int((choices == index).sum()) for index in range(len(routes)))
