@@ -3,8 +3,8 @@
 Bad input is reported as one line on stderr with exit code 2, before any work starts. Every command
 is registered the same way, as an entry of COMMANDS: its one-line help and a function that adds its
 arguments and handler. Only the chosen command's function runs, and heavy modules (torch, timm) are
-imported inside handlers and those functions, so `--help`, `arms`, `leaderboard` and `sweep --emit`
-answer without loading torch.
+imported inside handlers and those functions, so `--help`, `arms`, `leaderboard`, `sweep --emit`,
+`sweep --status` and `sweep --list-studies` answer without loading torch.
 """
 
 from __future__ import annotations
@@ -52,18 +52,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     return train_one(load_config(args.overrides))
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from maskbench.train.sweep import launch_lines, plan_sweep
+def sweep_cells(runs, extra_csvs: list[str]):
+    """The sweep's cells with their status, from the leaderboard CSVs that exist (and extra_csvs)."""
+    from maskbench.results.leaderboard import read_rows
+    from maskbench.train.sweep import cell_states, csv_paths
 
-    runs = plan_sweep(args.overrides)
-    if args.emit:
-        print(launch_lines(runs, args.emit, args.nproc))
+    paths = csv_paths(runs, extra_csvs)
+    return cell_states(runs, read_rows(paths, on_error="skip")), paths
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from maskbench.train.sweep import format_status, format_studies, launch_lines, plan_sweep, with_study
+
+    if args.list_studies:
+        print(format_studies())
         return 0
-    for i, (combo, cfg) in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] maskbench run {' '.join(combo)}")
-        code = train_one(cfg)
+    study, overrides = with_study(args.overrides)
+    if study is not None:
+        print(f"study {study.name}: {' '.join(overrides)}", file=sys.stderr)
+    runs = plan_sweep(overrides)
+    cells, csvs = sweep_cells(runs, args.csv)
+    if args.status:
+        print(format_status(cells, csvs))
+        return 0
+    done = sum(cell.status == "done" for cell in cells)
+    if args.emit:
+        todo = [(cell.overrides, cell.cfg) for cell in cells if cell.status != "done"]
+        if done:
+            print(f"# {done} of {len(cells)} cells are done (rows in the leaderboard CSV): not emitted",
+                  file=sys.stderr)
+        if todo:
+            print(launch_lines(todo, args.emit, args.nproc))
+        return 0
+    skipped = 0
+    for i, cell in enumerate(cells, 1):
+        (now,), _ = sweep_cells([(cell.overrides, cell.cfg)], args.csv)  # another machine may have run it since
+        if now.status == "done":
+            print(f"[{i}/{len(cells)}] done (rows in the leaderboard CSV), skipped: {cell.command}")
+            skipped += 1
+            continue
+        print(f"[{i}/{len(cells)}] {cell.command}")
+        code = train_one(cell.cfg)
         if code:
             return code
+    print(f"sweep: {len(cells) - skipped} cells trained, {skipped} skipped as done")
     return 0
 
 
@@ -156,7 +188,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     paths = args.csvs or [p for p in ("results/leaderboard.csv", "results/reference.csv") if Path(p).is_file()]
     if not paths:
         return fail("no CSV given and no results/leaderboard.csv here; run `maskbench run` first")
-    return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error)
+    return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error, args.mlperf)
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
@@ -197,14 +229,45 @@ def add_run(run: argparse.ArgumentParser) -> None:
     run.set_defaults(func=cmd_run)
 
 
+SWEEP_EPILOG = """examples:
+  maskbench sweep arm=mask0,mask75,mask75_then0 seed=0,1            the grid, trained here one by one
+  maskbench sweep arm=mask0,mask75 seed=0,1,2 --emit slurm          a SLURM array script of the missing cells
+  maskbench sweep arm=mask0,mask75 seed=0,1,2 --status              which cells are done, partial, missing
+  maskbench sweep study=example                                     a named study's grid
+  maskbench sweep study=example seed=0,1,2,3 model=dit_s2           the same, its seed axis replaced, a key added
+  maskbench sweep study=path/to/my_study.yaml --emit slurm
+  maskbench sweep --list-studies
+
+A cell is done when the leaderboard CSV (its paths.leaderboard, plus any --csv) holds its rows, same
+config hash, for every eval point of its config; done cells are skipped (and left out of --emit), so
+a grid can be run over several sittings or machines and the CSVs merged. A partial cell resumes from
+its run directory's checkpoint.
+
+A study is a YAML file, maskbench/conf/study/NAME.yaml or any path:
+  description: what the grid is for
+  grid:
+    - arm=mask0,mask75
+    - seed=0,1
+An override on the command line whose key is one of the study's axes replaces that axis; others are
+added.
+"""
+
+
 def add_sweep(sweep: argparse.ArgumentParser) -> None:
-    sweep.description = ("Expand key=a,b,c overrides into every combination. Without --emit, train them here one "
-                         "after another (finished runs are skipped, interrupted ones resume).")
-    sweep.epilog = "example: maskbench sweep arm=mask0,mask75,mask75_then0 seed=0,1 --emit slurm"
-    sweep.add_argument("overrides", nargs="*", metavar="KEY=V1,V2,...")
+    sweep.description = ("Expand key=a,b,c overrides (or a named study, study=NAME) into every combination. Without "
+                         "--emit, train them here one after another: cells whose rows are already in the "
+                         "leaderboard CSV are skipped, interrupted ones resume.")
+    sweep.epilog = SWEEP_EPILOG
+    sweep.add_argument("overrides", nargs="*", metavar="KEY=V1,V2,...",
+                       help="sweep overrides; study=NAME|FILE.yaml expands a study's grid")
     sweep.add_argument("--emit", choices=("accelerate", "torchrun", "slurm"),
-                       help="print launch lines (or a SLURM array script) instead of training")
+                       help="print launch lines (or a SLURM array script) of the cells not done, instead of training")
     sweep.add_argument("--nproc", type=int, default=8, help="processes (GPUs) per run in emitted lines")
+    sweep.add_argument("--status", action="store_true",
+                       help="print each cell as done / partial / missing and a count; train nothing")
+    sweep.add_argument("--csv", action="append", default=[], metavar="CSV",
+                       help="also count rows of this leaderboard CSV (another machine's) as done; repeatable")
+    sweep.add_argument("--list-studies", action="store_true", help="list the shipped studies and their grids")
     sweep.set_defaults(func=cmd_sweep)
 
 
@@ -241,12 +304,21 @@ def add_eval(evaluate: argparse.ArgumentParser) -> None:
 
 def add_leaderboard(board: argparse.ArgumentParser) -> None:
     board.description = ("Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and summarise each "
-                         "(dataset, model, budget) group per arm.")
+                         "(dataset, model, budget) group per arm and eval point (mean ± 95% CI over seeds), then "
+                         "compare each arm with the baseline at the final point: the difference with its paired "
+                         "t-interval and bootstrap interval, p, the minimum detectable effect (80% power), a "
+                         "verdict that claims no more than the interval (better / worse / no difference "
+                         "detected), and per-seed ratios of FLOPs and device-hours to the baseline's final value.")
     board.add_argument("csvs", nargs="*", metavar="CSV",
                        help="leaderboard CSVs (default: results/leaderboard.csv and results/reference.csv)")
     board.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
     board.add_argument("--plot", metavar="PNG", help="write FID vs GPU-hours and FID vs FLOPs plots here")
-    board.add_argument("--baseline", default="mask0", help="arm that compute-to-target and Welch's test compare to")
+    board.add_argument("--baseline", default="mask0",
+                       help="arm the others are compared to: paired by seed where every seed has a partner, "
+                            "Welch's unpaired test otherwise (default mask0)")
+    board.add_argument("--mlperf", action="store_true",
+                       help="MLPerf-style scores instead: olympic mean of device-hours to the baseline's "
+                            "worst final value over >= 10 runs per arm, and the RCP rule on FLOPs")
     board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.set_defaults(func=cmd_leaderboard)
@@ -309,7 +381,8 @@ COMMANDS = {  # name -> (one-line help, the function that adds its arguments and
     "arms": ("list the shipped arms with their phases", add_arms),
     "data": ("build and check shards (synth, pack, verify, encode)", add_data),
     "eval": ("(re)evaluate a run's checkpoints, or build FID reference statistics", add_eval),
-    "leaderboard": ("compare arms: mean ± 95%% CI per eval point, compute-to-target, Welch's test, plots",
+    "leaderboard": ("compare arms: mean ± 95%% CI per eval point, paired comparisons with verdicts, "
+                    "compute-to-target, plots (--mlperf: MLPerf-style scores)",
                     add_leaderboard),
     "repro": ("reproducibility checks of a run: rerun, resume, metrics, environment (PASS/FAIL)", add_repro),
     "probe": ("diagnostic probes of a trained run (gradfid: does masking keep the gradient's direction, per "

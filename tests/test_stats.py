@@ -1,4 +1,6 @@
-"""Leaderboard statistics against hand-computed figures on a small fixture CSV, rendering, plots."""
+"""Leaderboard statistics against hand-computed figures and scipy on small fixture CSVs: intervals,
+paired comparisons and their verdicts (at the interval's edges too), Welch's fallback, compute-to-target
+ratios, the MLPerf-style scores and the RCP rule, rendering, plots."""
 
 import csv
 import io
@@ -9,12 +11,19 @@ import pytest
 import scipy.stats
 from PIL import Image
 
+from maskbench.results import mlperf
 from maskbench.results.leaderboard import append_rows, read_rows
 from maskbench.results.plots import plot_leaderboard
-from maskbench.results.stats import compute_to_target, mean_ci, render, summarize, welch
+from maskbench.results.report import leaderboard_main
+from maskbench.results.stats import (
+    bootstrap_ci, compute_to_target, mean_ci, minimum_detectable_effect, paired_difference, ratio_summary, render,
+    summarize, verdict, welch, welch_difference,
+)
 
-# Two-sided 95% / 99% Student-t quantiles from a printed table (df = 2, 3).
+# Two-sided 95% / 99% Student-t quantiles from a printed table (df = 2, 3, 4), and the one-sided 80% ones
+# (the power term of the minimum detectable effect).
 T975_DF2, T975_DF3, T995_DF3 = 4.302652729911275, 3.182446305284263, 5.840909309733355
+T975_DF4, T80_DF2, T80_DF4 = 2.776445105197793, 1.060660171779821, 0.940964563204454
 BUDGET = 1e12
 
 
@@ -135,7 +144,9 @@ def test_val_loss_stands_in_only_when_a_group_has_no_fid(tmp_path):
     masked = record(summary, "mask75", 1.0)
     assert masked.target_metric == "val_loss" and masked.target == pytest.approx(0.61)
     assert masked.flops_to_target == pytest.approx(0.5 + (0.71 - 0.61) / (0.71 - 0.51) * 0.5)
-    assert "no FID in this group: compute-to-target and Welch use val_loss" in render(summary)
+    assert "no FID in this group: compute-to-target and the comparisons use val_loss" in render(summary)
+    assert masked.comparison.metric == "val_loss" and masked.comparison.difference.test == "paired"
+    assert masked.comparison.difference.mean == pytest.approx(-0.1)
 
 
 def test_group_problems_are_said(board):
@@ -155,3 +166,259 @@ def test_plot_writes_a_png(board, tmp_path):
     with pytest.raises(ValueError, match="nothing to plot"):
         plot_leaderboard([r for r in board if r["source"]], tmp_path / "empty.png")
 
+
+
+# ------------------------------------------------------------------------------- paired statistics
+def test_paired_difference_agrees_with_scipy_and_a_hand_computation():
+    arm = np.array([150.0, 171.0, 198.0, 160.0, 149.0])
+    base = np.array([200.0, 230.0, 210.0, 190.0, 205.0])
+    d = arm - base                                          # -50, -59, -12, -30, -56
+    found = paired_difference(arm, base, lower_is_better=True)
+    se = d.std(ddof=1) / math.sqrt(5)
+    assert found.test == "paired" and found.n == found.n_base == 5
+    assert found.mean == pytest.approx(d.mean())
+    assert (found.lo, found.hi) == pytest.approx((d.mean() - T975_DF4 * se, d.mean() + T975_DF4 * se))
+    reference = scipy.stats.ttest_rel(arm, base)
+    assert (found.lo, found.hi) == pytest.approx(tuple(reference.confidence_interval(0.95)))
+    assert found.p == pytest.approx(reference.pvalue)
+    assert found.mde == pytest.approx((T975_DF4 + T80_DF4) * se)
+    assert found.hi < 0 and found.verdict == "better"
+    assert paired_difference(base, arm).verdict == "worse" and paired_difference(base, arm, False).verdict == "better"
+    assert paired_difference(arm, base, lower_is_better=False).verdict == "worse"
+    # bootstrap: scipy's percentile interval with the fixed seed, i.e. resampled indices from that generator
+    rng = np.random.default_rng(0)
+    means = d[rng.integers(0, 5, (10_000, 5))].mean(axis=1)
+    assert found.boot == pytest.approx(tuple(np.percentile(means, [2.5, 97.5])))
+    assert paired_difference(arm, base).boot == found.boot  # deterministic
+
+
+def test_paired_difference_with_few_or_identical_pairs():
+    two = paired_difference([1.0, 3.0], [2.0, 2.0])
+    assert two.boot is None and two.n == 2 and not math.isnan(two.lo)
+    assert bootstrap_ci([1.0, 2.0]) is None and bootstrap_ci([1.0, 2.0, 4.0]) is not None
+    one = paired_difference([1.0], [2.0])
+    assert math.isnan(one.lo) and math.isnan(one.mde) and one.verdict.startswith("not tested")
+    same = paired_difference([3.0, 4.0, 5.0], [4.0, 5.0, 6.0])  # every d_i = -1: a zero-width interval
+    assert (same.lo, same.hi, same.p, same.mde) == (-1.0, -1.0, 0.0, 0.0) and same.verdict == "better"
+    with pytest.raises(ValueError, match="equally long"):
+        paired_difference([1.0, 2.0], [1.0])
+
+
+def test_the_minimum_detectable_effect_is_the_t_formula():
+    assert minimum_detectable_effect(1.0, 2) == pytest.approx(T975_DF2 + T80_DF2)
+    assert minimum_detectable_effect(2.5, 4) == pytest.approx(2.5 * (T975_DF4 + T80_DF4))
+    assert minimum_detectable_effect(1.0, 4, power=0.5) == pytest.approx(T975_DF4)  # t_0.5 = 0
+    assert math.isnan(minimum_detectable_effect(1.0, 0))
+
+
+@pytest.mark.parametrize(("lo", "hi", "lower_is_better", "expected"), [
+    (-2.0, -1e-12, True, "better"), (-2.0, 0.0, True, "no difference"), (0.0, 2.0, True, "no difference"),
+    (1e-12, 2.0, True, "worse"), (-2.0, 2.0, True, "no difference"),
+    (1e-12, 2.0, False, "better"), (0.0, 2.0, False, "no difference"), (-2.0, 0.0, False, "no difference"),
+    (-2.0, -1e-12, False, "worse"), (math.nan, math.nan, True, "not tested"),
+])
+def test_the_verdict_never_claims_more_than_the_interval(lo, hi, lower_is_better, expected):
+    """An interval touching 0 is not on either side of it."""
+    found = verdict(lo, hi, 3.5, lower_is_better)
+    assert found.startswith(expected)
+    if expected == "no difference":
+        assert found == "no difference detected; an effect larger than 3.5 would have been detected"
+
+
+@pytest.mark.parametrize(("shift", "expected"), [(1 + 1e-6, "better"), (1 - 1e-6, "no difference")])
+def test_the_verdict_at_the_interval_edge_from_data(shift, expected):
+    """Differences m + (-1, 0, 1): the interval's upper end is m + t·1/√3, just below or just above 0."""
+    half = T975_DF2 / math.sqrt(3)
+    arm = -half * shift + np.array([-1.0, 0.0, 1.0])
+    found = paired_difference(arm, np.zeros(3))
+    assert found.hi == pytest.approx(-half * shift + half, rel=1e-3)
+    assert (found.hi < 0) == (expected == "better") and found.verdict.startswith(expected)
+
+
+def test_welch_difference_agrees_with_scipy():
+    a, b = np.array([150.0, 160.0, 175.0]), np.array([200.0, 210.0, 230.0, 190.0])
+    found = welch_difference(a, b)
+    reference = scipy.stats.ttest_ind(a, b, equal_var=False)
+    assert found.test == "welch" and (found.n, found.n_base) == (3, 4)
+    assert found.mean == pytest.approx(a.mean() - b.mean())
+    assert (found.lo, found.hi) == pytest.approx(tuple(reference.confidence_interval(0.95)))
+    assert found.p == pytest.approx(welch(a, b)[1])
+    se = math.sqrt(a.var(ddof=1) / 3 + b.var(ddof=1) / 4)
+    t975, t80 = scipy.stats.t.ppf(0.975, reference.df), scipy.stats.t.ppf(0.8, reference.df)
+    assert found.mde == pytest.approx((t975 + t80) * se) and found.boot is None
+    assert welch_difference([1.0], [1.0, 2.0]).verdict.startswith("not tested")
+
+
+def test_ratio_summary_is_a_geometric_mean_with_a_log_t_interval():
+    ratios = [0.25, 0.5, 1.0]
+    logs = np.log(ratios)
+    half = T975_DF2 * logs.std(ddof=1) / math.sqrt(3)
+    found = ratio_summary(ratios)
+    assert found.geomean == pytest.approx(0.5) and found.n == 3
+    assert (found.lo, found.hi) == pytest.approx((math.exp(logs.mean() - half), math.exp(logs.mean() + half)))
+    missed = ratio_summary([0.5, None, 0.7])
+    assert missed.geomean is None and missed.not_reached == 1
+    assert ratio_summary([]) is None and ratio_summary([0.5, math.nan]) is None
+
+
+@pytest.fixture
+def paired_board(tmp_path):
+    """mask0 and mask75, seeds 0-2, points 0.5 and 1.0; mask0 also has seed 3 (unpartnered, unused)."""
+    fids = {"mask0": ([300.0, 320.0, 310.0, 330.0], [200.0, 230.0, 210.0, 240.0]),
+            "mask75": ([220.0, 250.0, 260.0], [150.0, 170.0, 200.0])}
+    hours = {"mask0": (1.0, 2.0), "mask75": (0.6, 1.2)}
+    rows = [run_row(arm, seed, point, fid[i][seed], point * BUDGET, hours[arm][i])
+            for arm, fid in fids.items() for seed in range(len(fid[0])) for i, point in enumerate((0.5, 1.0))]
+    append_rows(tmp_path / "paired.csv", rows)
+    return read_rows([tmp_path / "paired.csv"], on_error="abort")
+
+
+def test_arms_pair_by_seed_with_per_seed_compute_ratios(paired_board):
+    (masked,) = [r for r in summarize(paired_board) if r.arm == "mask75" and r.point == 1.0]
+    c = masked.comparison
+    assert c.baseline == "mask0" and c.seeds == (0, 1, 2) and c.metric == "fid" and not c.note
+    d = np.array([150.0 - 200, 170 - 230, 200 - 210])  # -50, -60, -10
+    se = d.std(ddof=1) / math.sqrt(3)
+    assert c.difference.test == "paired" and c.difference.mean == pytest.approx(-40.0)
+    assert (c.difference.lo, c.difference.hi) == pytest.approx((-40 - T975_DF2 * se, -40 + T975_DF2 * se))
+    assert c.difference.mde == pytest.approx((T975_DF2 + T80_DF2) * se)
+    assert c.difference.verdict == ("no difference detected; an effect larger than "
+                                    f"{c.difference.mde:.3g} would have been detected")
+    # Seed s reaches mask0's final FD of seed s on the segment (0.5, f_0.5) -> (1.0, f_1); mask0 at its final point.
+    flops = [0.5 + (220 - 200) / 70 * 0.5, 0.5 + (250 - 230) / 80 * 0.5, 0.5 + (260 - 210) / 60 * 0.5]
+    hours = [(0.6 + (f - 0.5) / 0.5 * 0.6) / 2.0 for f in flops]
+    for found, expected in ((c.flops_ratio, flops), (c.hours_ratio, hours)):
+        assert found == ratio_summary(expected)
+        assert found.geomean == pytest.approx(math.exp(np.mean(np.log(expected))))
+
+
+def test_unpaired_seeds_fall_back_to_welch_and_say_so(paired_board):
+    extra = [dict(row, run_id="mask75-s7", seed=7, fid=row["fid"] + 5) for row in paired_board
+             if row["arm"] == "mask75" and row["seed"] == 0]
+    summary = summarize([*paired_board, *extra])
+    (masked,) = [r for r in summary if r.arm == "mask75" and r.point == 1.0]
+    c = masked.comparison
+    assert c.difference.test == "welch" and (c.difference.n, c.difference.n_base) == (4, 4)
+    assert c.flops_ratio is None and c.note == "unpaired (Welch): seed(s) 7 have no mask0 partner"
+    assert c.difference.p == pytest.approx(masked.welch_p)
+    table = render(summary)
+    assert "synth/tiny/1e+12: mask75: unpaired (Welch): seed(s) 7 have no mask0 partner" in table
+    assert "4 vs 4" in table
+    twice = [dict(row, run_id="mask0-again") for row in paired_board if row["arm"] == "mask0" and row["seed"] == 0]
+    (masked,) = [r for r in summarize([*paired_board, *twice]) if r.arm == "mask75" and r.point == 1.0]
+    assert masked.comparison.note == "unpaired (Welch): seed(s) 0 appear in more than one run of an arm"
+
+
+def test_an_arm_that_never_reaches_the_target_has_no_ratio(paired_board):
+    worse = [dict(row, fid=row["fid"] + 100) if row["arm"] == "mask75" and row["seed"] == 1 else row
+             for row in paired_board]
+    (masked,) = [r for r in summarize(worse) if r.arm == "mask75" and r.point == 1.0]
+    assert masked.comparison.flops_ratio.not_reached == 1 and masked.comparison.flops_ratio.geomean is None
+    assert "1/3 not reached" in render(summarize(worse))
+
+
+def test_comparisons_render_in_every_format(paired_board):
+    summary = summarize(paired_board)
+    table = render(summary).splitlines()
+    start = table.index("Against mask0 at the final point:")
+    assert table[start + 1].split()[:8] == ["dataset", "model", "budget", "arm", "metric", "test", "n", "Δ"]
+    assert "3 pairs" in table[start + 3] and "no difference detected" in table[start + 3]
+    assert any(line.startswith("Δ: arm − mask0") for line in table)
+    markdown = render(summary, "markdown").splitlines()
+    second = markdown.index("Against mask0 at the final point:") + 2
+    assert markdown[second].startswith("| dataset | model |") and markdown[second + 1].startswith("| --- |")
+    assert len(markdown[second].split("|")) == len(markdown[second + 2].split("|"))
+    records = list(csv.DictReader(io.StringIO(render(summary, "csv"))))
+    (final,) = [r for r in records if r["arm"] == "mask75" and r["point"] == "1.0"]
+    assert final["test"] == "paired" and final["pairs"] == "3" and float(final["diff"]) == pytest.approx(-40.0)
+    assert final["verdict"].startswith("no difference detected") and final["boot_lo"] and final["mde"]
+    assert float(final["flops_ratio_geomean"]) == pytest.approx(summary[-1].comparison.flops_ratio.geomean)
+    (base,) = [r for r in records if r["arm"] == "mask0" and r["point"] == "1.0"]
+    assert base["test"] == "" and base["verdict"] == ""
+
+
+def test_the_committed_leaderboard_renders_with_paired_comparisons(capsys):
+    rows = read_rows(["results/leaderboard.csv"], on_error="abort")
+    compared = [r for r in summarize(rows) if r.comparison]
+    assert len(compared) == 8 and all(r.comparison.difference.test == "paired" for r in compared)
+    assert all(r.comparison.difference.n == 2 and r.comparison.difference.boot is None for r in compared)
+    assert leaderboard_main(["results/leaderboard.csv"], "table", None, "mask0", "abort") == 0
+    assert "n < 3" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------- MLPerf
+def test_olympic_mean_drops_the_fastest_and_the_slowest():
+    assert mlperf.olympic_mean([5.0, 1.0, 3.0, 4.0, 2.0]) == pytest.approx(3.0)
+    assert mlperf.olympic_mean([5.0, None, 3.0, 4.0, 2.0]) == pytest.approx(4.0)  # None is the slowest
+    assert mlperf.olympic_mean([5.0, None, 3.0, None, 2.0]) is None               # two: invalid
+    assert mlperf.olympic_mean([1.0, 2.0]) is None
+
+
+def test_rcp_reproduces_the_rules_worked_example():
+    """training_rules.adoc, Appendix: RCP Examples (5 submission runs)."""
+    ref128 = [16, 14, 16, 17, 16, 16, 15, 16, 15, 16]
+    ref256 = [20, 21, 21, 20, 22, 22, 21, 21, 20, 20]
+    r128, r256 = mlperf.rcp(ref128, 5), mlperf.rcp(ref256, 5)
+    assert (r128.mean, r128.stdev) == pytest.approx((15.75, 0.433), abs=1e-3)
+    assert (r256.mean, r256.stdev) == pytest.approx((20.75, 0.661), abs=1e-3)
+    assert round(r128.min_mean, 2) == 15.21 and round(r256.min_mean, 2) == 19.93
+    assert r128.mean / r128.min_mean - 1 == pytest.approx(0.0353, abs=5e-4)  # "max allowed speedup 3.53%"
+    assert mlperf.olympic_mean([15, 15, 15, 16, 16]) >= r128.min_mean  # S1 passes
+    assert mlperf.olympic_mean([19, 19, 19, 20, 21]) < r256.min_mean   # S2 fails
+    # The closed form is the bound MLPerf's rcp_checker bisects for: the p = 0.05 one-sided t-test's edge.
+    t, p = scipy.stats.ttest_ind_from_stats(r128.min_mean, r128.stdev, 3, r128.mean, r128.stdev, 8)
+    assert t < 0 and p / 2 == pytest.approx(0.05)
+
+
+@pytest.fixture
+def ten_seeds(tmp_path):
+    """mask0, mask50 (within the baseline's noise) and mask75 (much faster), 10 seeds each."""
+    rows = []
+    fids = {"mask0": (300.0, 200.0), "mask50": (299.0, 199.0), "mask75": (230.0, 150.0)}
+    hours = {"mask0": (1.0, 2.0), "mask50": (1.0, 2.0), "mask75": (0.6, 1.2)}
+    for arm, (half, final) in fids.items():
+        for seed in range(10):
+            late = final + seed + (100 if arm == "mask75" and seed == 9 else 0)  # mask75 seed 9 never gets there
+            rows += [run_row(arm, seed, 0.5, half + seed, 0.5 * BUDGET, hours[arm][0]),
+                     run_row(arm, seed, 1.0, late, BUDGET, hours[arm][1])]
+    append_rows(tmp_path / "ten.csv", rows)
+    return read_rows([tmp_path / "ten.csv"], on_error="abort")
+
+
+def test_mlperf_scores_by_hand(ten_seeds):
+    scores, notes = mlperf.mlperf_summary(ten_seeds)
+    assert not notes and [s.arm for s in scores] == ["mask0", "mask50", "mask75"]
+    base, half, fast = scores
+    assert all(s.target == 209.0 and s.runs == 10 for s in scores)  # mask0's worst final FD
+    # mask0 seed s reaches 209 on (0.5, 300+s) -> (1.0, 200+s) at 0.5 + (91+s)/200 of the budget.
+    reach = [0.5 + (91 + s) / 200 for s in range(10)]
+    assert base.flops == pytest.approx(np.mean(reach[1:-1]) * BUDGET)
+    assert base.hours == pytest.approx(2 * np.mean(reach[1:-1]))
+    assert base.rcp == "reference" and base.speedup == pytest.approx(1.0) and base.reached == 10
+    bound = mlperf.rcp([r * BUDGET for r in reach], 10)
+    half_reach = [0.5 + (90 + s) / 200 for s in range(10)]
+    assert half.flops == pytest.approx(np.mean(half_reach[1:-1]) * BUDGET)
+    assert bound.min_mean < half.flops < bound.mean
+    assert half.rcp == "normalised"
+    assert half.score_hours == pytest.approx(half.hours * bound.mean / half.flops)
+    assert half.speedup == pytest.approx(1.0)  # hours ∝ FLOPs here: the speed-up within the noise is not credited
+    fast_reach = sorted(0.5 + (21 + s) / 160 for s in range(9))  # seed 9 never reaches: dropped as the slowest
+    assert fast.reached == 9 and fast.flops == pytest.approx(np.mean(fast_reach[1:]) * BUDGET)
+    assert fast.rcp == "faster than RCP" and fast.score_hours == fast.hours
+    assert fast.speedup == pytest.approx(base.hours / fast.hours)
+    text = mlperf.render_mlperf(scores, notes)
+    assert "faster than RCP" in text and "olympic mean" in text
+    rows = list(csv.DictReader(io.StringIO(mlperf.render_mlperf(scores, notes, "csv"))))
+    assert [r["rcp"] for r in rows] == ["reference", "normalised", "faster than RCP"]
+
+
+def test_mlperf_needs_ten_runs_per_arm(ten_seeds, capsys):
+    fewer = [r for r in ten_seeds if not (r["arm"] == "mask50" and r["seed"] > 4)]
+    scores, notes = mlperf.mlperf_summary(fewer)
+    assert [s.arm for s in scores] == ["mask0", "mask75"]
+    assert notes == ["synth/tiny/1e+12: MLPerf scoring needs >= 10 finished runs per arm; runs with a final fid: "
+                     "mask0 10, mask50 5, mask75 10"]
+    assert leaderboard_main(["results/leaderboard.csv"], "table", None, "mask0", "skip", mlperf=True) == 1
+    err = capsys.readouterr().err
+    assert "--mlperf scores arms with >= 10 finished runs" in err and "mask0 2" in err
+    assert leaderboard_main(["results/leaderboard.csv"], "table", "x.png", "mask0", "skip", mlperf=True) == 2

@@ -1,7 +1,8 @@
-"""`maskbench leaderboard`: read CSVs, print the per-arm summary, optionally plot.
+"""`maskbench leaderboard`: read CSVs, print the per-arm summary and comparisons (or, with --mlperf, the
+MLPerf-style scores), optionally plot.
 
 Apart from `leaderboard.py` (the CSV's schema and locked appends) so that writers of rows need neither
-scipy nor matplotlib, and so the three modules import one way: leaderboard <- stats <- plots <- report.
+scipy nor matplotlib, and so the modules import one way: leaderboard <- stats <- mlperf, plots <- report.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from maskbench.results.leaderboard import DEFAULT_CSV, read_rows
 
 
 def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
-                     baseline: str = "mask0", on_error: str = "skip") -> int:
+                     baseline: str = "mask0", on_error: str = "skip", mlperf: bool = False) -> int:
     """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
 
     With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
     or error policy, a malformed row under abort) prints one line on stderr and returns 2; files
-    without a single row return 1.
+    without a single row return 1. With mlperf, the MLPerf-style scores are printed instead of the
+    summary, and 1 is returned, with the run counts on stderr, when no arm has enough runs.
     """
     from maskbench.results import plots  # matplotlib: only once a summary is to be printed or drawn
 
@@ -31,10 +33,14 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
             raise ValueError(f"no such leaderboard CSV: {', '.join(missing)}")
         if fmt not in stats.FORMATS:
             raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(stats.FORMATS)}")
+        if mlperf and plot:
+            raise ValueError("--mlperf prints the MLPerf-style scores only; plot without it")
         rows = read_rows(paths, on_error)
         if not rows:
             print(f"no leaderboard rows in {', '.join(paths)}", file=sys.stderr)
             return 1
+        if mlperf:
+            return _print_mlperf(rows, baseline, fmt)
         summary = stats.summarize(rows, baseline_arm=baseline)
         print(stats.render(summary, fmt))
         if plot:
@@ -42,4 +48,16 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _print_mlperf(rows, baseline: str, fmt: str) -> int:
+    from maskbench.results.mlperf import MIN_RUNS, mlperf_summary, render_mlperf
+
+    scores, notes = mlperf_summary(rows, baseline_arm=baseline)
+    if not scores:
+        print(f"--mlperf scores arms with >= {MIN_RUNS} finished runs, the {baseline} baseline among them "
+              "(MLPerf's minimum for text-to-image); none here. " + " ".join(notes), file=sys.stderr)
+        return 1
+    print(render_mlperf(scores, notes, fmt))
     return 0

@@ -4,30 +4,178 @@
 one value, and quoting works as in Hydra).
 Every combination is validated before the first run starts, so a typo in the last one cannot waste
 the hours spent on the first.
+
+A cell (one combination) is done when the leaderboard CSV has its rows, same config hash, for every
+eval point of its config: a sweep skips done cells, so a long grid can be run over several sittings
+or machines and merged (`--status` says which cells are done, partial or missing, reading CSVs only).
+A partial cell resumes from its run directory's checkpoint when trained again.
+
+A named study is a YAML file, `maskbench/conf/study/NAME.yaml` or a path, holding a description and
+the grid as a list of overrides; `study=NAME` expands it, and an override of the same key given
+on the command line replaces the study's axis (`--list-studies` lists the shipped ones).
 """
 
 from __future__ import annotations
 
 import itertools
 import shlex
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 
-from maskbench.config import ConfigError, RunConfig, load_config, run_id
+from maskbench.config import CONF_DIR, ConfigError, RunConfig, config_hash, load_config, run_id
 
 LAUNCHERS = ("accelerate", "torchrun", "slurm")
+STUDY_DIR = CONF_DIR / "study"
+STATUSES = ("done", "partial", "missing")
+
+
+def _parse(overrides: list[str]) -> list[Override]:
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except HydraException as err:
+        raise ConfigError(str(err).strip().splitlines()[0]) from None
 
 
 def expand_grid(overrides: list[str]) -> list[list[str]]:
     """Cartesian product of every swept key (Hydra's own `key=a,b,c` syntax), in the order given."""
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as err:
-        raise ConfigError(str(err).strip().splitlines()[0]) from None
     axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
-            for o in parsed]
+            for o in _parse(overrides)]
     return [list(combo) for combo in itertools.product(*axes)]
+
+
+# ------------------------------------------------------------------------------------------ studies
+@dataclass(frozen=True)
+class Study:
+    """A named grid: what it is for, and its overrides (each one axis, `key=a,b` or a fixed `key=v`)."""
+    name: str
+    description: str
+    grid: tuple[str, ...]
+
+
+def known_studies() -> list[str]:
+    return sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
+
+
+def load_study(name: str) -> Study:
+    """A shipped study by name, or a study file (a value ending in .yaml/.yml or holding a `/`)."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"study file not found: {path}")
+    elif name in known_studies():
+        path = STUDY_DIR / f"{name}.yaml"
+    else:
+        raise ConfigError(f"unknown study {name!r}; shipped studies: {', '.join(known_studies()) or 'none'} "
+                          "(or pass study=path/to/study.yaml)")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"study file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    grid = loaded.get("grid") if isinstance(loaded, dict) else None
+    if not isinstance(grid, list) or not grid or not all(isinstance(o, str) and "=" in o for o in grid):
+        raise ConfigError(f"study file {path} needs `grid:`, a list of key=value overrides "
+                          "(e.g. - arm=mask0,mask75)")
+    if any(o.partition("=")[0] == "study" for o in grid):
+        raise ConfigError(f"study file {path}: a study cannot name another study")
+    _parse(grid)  # a bad axis is refused here, naming nothing yet
+    return Study(path.stem, str(loaded.get("description", "")).strip(), tuple(grid))
+
+
+def with_study(overrides: list[str]) -> tuple[Study | None, list[str]]:
+    """Split `study=NAME` out of a sweep's overrides: (the study or None, the grid to expand).
+
+    The grid is the study's axes in its order, each replaced by the command line's override of the
+    same key if there is one, then the command line's other overrides.
+    """
+    named = [o for o in overrides if o.partition("=")[0] == "study"]
+    rest = [o for o in overrides if o.partition("=")[0] != "study"]
+    if not named:
+        return None, overrides
+    if len(named) > 1 or "," in named[0]:
+        raise ConfigError("one study at a time: study=NAME (more axes are key=a,b overrides)")
+    study = load_study(named[0].partition("=")[2])
+    given = {o.key_or_group: line for o, line in zip(_parse(rest), rest)}
+    own = [o.key_or_group for o in _parse(list(study.grid))]
+    grid = [given.get(key, line) for key, line in zip(own, study.grid)]
+    return study, grid + [line for key, line in given.items() if key not in own]
+
+
+def format_studies() -> str:
+    """`maskbench sweep --list-studies`: each shipped study, its description and its grid."""
+    lines = []
+    for name in known_studies():
+        study = load_study(name)
+        lines.append(f"{name:18s} {study.description}")
+        lines.append(f"{'':18s} {' '.join(study.grid)}")
+    return "\n".join(lines) if lines else f"no studies in {STUDY_DIR}"
+
+
+# --------------------------------------------------------------------------------------- done cells
+@dataclass(frozen=True)
+class Cell:
+    """One combination of a sweep, and how much of it the leaderboard CSVs already hold."""
+    overrides: list[str]
+    cfg: RunConfig
+    status: str          # done (a row for every eval point), partial (some), missing (none)
+    points_done: int
+    started: bool        # its run directory exists (a partial cell resumes from its checkpoint)
+
+    @property
+    def command(self) -> str:
+        return "maskbench run " + " ".join(shlex.quote(o) for o in self.overrides)
+
+
+def _point_key(point: float) -> float:
+    return round(float(point), 6)
+
+
+def csv_paths(runs: list[tuple[list[str], RunConfig]], extra_csvs: Sequence[str] = ()) -> list[str]:
+    """The leaderboard CSVs that say which cells are done: every cell's `paths.leaderboard` that exists,
+    and extra_csvs (other machines' results), which must exist."""
+    missing = [p for p in extra_csvs if not Path(p).is_file()]
+    if missing:
+        raise ConfigError(f"no such leaderboard CSV: {', '.join(missing)}")
+    return sorted(p for p in {cfg.paths.leaderboard for _, cfg in runs} | set(extra_csvs) if Path(p).is_file())
+
+
+def cell_states(runs: list[tuple[list[str], RunConfig]], rows: Iterable[Mapping]) -> list[Cell]:
+    """Each cell's status from leaderboard rows (those of `csv_paths`, read by the caller: the CSV
+    schema lives a layer above): its rows are those with its config hash, one per eval point wanted."""
+    evaluated: dict[str, set[float]] = {}
+    for row in rows:
+        if not row["source"] and row["config_hash"]:
+            evaluated.setdefault(row["config_hash"], set()).add(_point_key(row["point"]))
+    cells = []
+    for overrides, cfg in runs:
+        wanted = {_point_key(p) for p in cfg.eval.points}
+        have = len(wanted & evaluated.get(config_hash(cfg), set()))
+        status = "done" if have == len(wanted) else "partial" if have else "missing"
+        started = (Path(cfg.paths.runs) / run_id(cfg)).is_dir()
+        cells.append(Cell(overrides, cfg, status, have, started))
+    return cells
+
+
+def format_status(cells: list[Cell], csvs: Sequence[str]) -> str:
+    """`maskbench sweep --status`: one line per cell (status, points in the CSV, run id, overrides), a count."""
+    width = len(str(len(cells)))
+    lines = []
+    for i, cell in enumerate(cells, 1):
+        points = f"{cell.points_done}/{len(cell.cfg.eval.points)} points"
+        resumes = ("  (run directory exists: resumes from its checkpoint)"
+                   if cell.started and cell.status != "done" else "")
+        lines.append(f"[{i:>{width}}/{len(cells)}] {cell.status:7s} {points:11s} {run_id(cell.cfg)}  "
+                     f"{' '.join(cell.overrides)}{resumes}")
+    counts = Counter(cell.status for cell in cells)
+    lines.append(", ".join(f"{counts[s]} {s}" for s in STATUSES) + f" of {len(cells)} cells "
+                 f"(rows read from {', '.join(csvs) or 'no CSV: none exists yet'})")
+    return "\n".join(lines)
 
 
 def plan_sweep(overrides: list[str]) -> list[tuple[list[str], RunConfig]]:
