@@ -188,7 +188,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     paths = args.csvs or [p for p in ("results/leaderboard.csv", "results/reference.csv") if Path(p).is_file()]
     if not paths:
         return fail("no CSV given and no results/leaderboard.csv here; run `maskbench run` first")
-    return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error, args.mlperf)
+    return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error, args.mlperf,
+                            args.crossover)
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
@@ -319,6 +320,11 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
     board.add_argument("--mlperf", action="store_true",
                        help="MLPerf-style scores instead: olympic mean of device-hours to the baseline's "
                             "worst final value over >= 10 runs per arm, and the RCP rule on FLOPs")
+    board.add_argument("--crossover", metavar="ARM",
+                       help="the crossover map instead: per (model, batch size, eval point of the baseline), the "
+                            "FLOPs ARM needs to reach the baseline's value there over the baseline's, per seed, "
+                            "geometric mean and 95%% CI; --plot draws it as a heatmap and curves (single-phase "
+                            "arms: an eval point of a two-phase arm is not a shorter run)")
     board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.set_defaults(func=cmd_leaderboard)

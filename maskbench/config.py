@@ -28,6 +28,7 @@ import yaml
 from maskbench.models.presets import LEARNED_SKIP_SCALES, PRESETS, ModelConfig, check_model
 
 CONF_DIR = Path(__file__).parent / "conf"
+CONFIG_GROUPS = ("model", "data", "eval")  # Hydra groups a `key=option` override picks (arm is read apart)
 
 
 # The string options, validated by OmegaConf (a value outside the list is refused with the list).
@@ -122,8 +123,9 @@ class EvalConfig:
 
 @dataclass
 class BudgetConfig:
-    flops: float = 1.0e13          # training FLOPs (fwd+bwd, analytic) every arm gets: ~350 unmasked tiny steps
-                                   # at batch 64 (28.5 GFLOP each), ~3 CPU-minutes of training per arm
+    flops: float = 1.0e13          # training FLOPs (fwd+bwd, analytic) every arm gets: 283 unmasked micro_s steps
+                                   # at batch 64 (35.2 GFLOP each), ~2-3 CPU-minutes of training per arm; the
+                                   # powered study (conf/study/powered.yaml) runs 4e13
 
 
 @dataclass
@@ -311,7 +313,8 @@ def _merge_arm_file(composed: DictConfig, arm_file: Path, overrides: list[str]) 
     if arm_only:
         composed.arm = OmegaConf.merge(OmegaConf.structured(ArmConfig), arm)
         return composed
-    return OmegaConf.merge(composed, loaded, OmegaConf.from_dotlist(overrides))
+    values = [o for o in overrides if o.partition("=")[0] not in CONFIG_GROUPS]  # groups were composed already
+    return OmegaConf.merge(composed, loaded, OmegaConf.from_dotlist(values))
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:

@@ -28,9 +28,10 @@ def synth_root(tmp_path_factory) -> Path:
 
 
 def tiny_overrides(tmp_path: Path, synth_root: Path, *extra: str) -> list[str]:
-    """A run of a few seconds: a very small DiT, batch 8, ~8 unmasked steps, 2 eval points."""
+    """A run of a few seconds: a very small early-drop DiT (tiny's layout, no mixer), batch 8, ~8 unmasked
+    steps, 2 eval points."""
     return [
-        f"paths.runs={tmp_path / 'runs'}", f"paths.data={tmp_path / 'data'}",
+        "model=tiny", f"paths.runs={tmp_path / 'runs'}", f"paths.data={tmp_path / 'data'}",
         f"paths.leaderboard={tmp_path / 'leaderboard.csv'}", f"data.path={synth_root}",
         "model.width=32", "model.depth=2", "model.heads=2", "model.text_width=32", "model.text_depth=1",
         "model.text_len=24", "train.batch_size=8", "train.warmup_steps=2", "budget.flops=2.5e9",

@@ -247,7 +247,7 @@ _NEED_A_SOURCE = {"init_from", "init_weights"}
 
 @functools.cache
 def _mask0_name(*overrides: str) -> str:
-    return run_id(load_config(["arm=mask0", *overrides]))
+    return run_id(load_config(["arm=mask0", "model=tiny", *overrides]))
 
 
 def test_new_options_left_at_their_defaults_keep_existing_run_names() -> None:

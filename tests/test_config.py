@@ -16,7 +16,8 @@ def test_defaults_compose_to_the_main_arm():
     cfg = load_config([])
     assert cfg.arm.name == "mask75_then0"
     assert [(p.mask_ratio, p.fraction) for p in cfg.arm.phases] == [(0.75, 0.75), (0.0, 0.25)]
-    assert cfg.model.name == "tiny" and cfg.data.name == "synth"
+    assert cfg.model.name == "micro_s" and cfg.data.name == "synth"
+    assert cfg.model.mixer_depth == 1  # MicroDiT's deferred masking: the model micro_diffusion #10 ran
 
 
 def test_model_presets_are_selectable():
@@ -32,9 +33,20 @@ def test_user_arm_file(tmp_path):
     assert [(p.mask_ratio, p.fraction) for p in cfg.arm.phases] == [(0.5, 0.6), (0.0, 0.4)]
 
 
+def test_an_arm_file_with_options_takes_a_model_preset_and_overrides(tmp_path):
+    """A global-package arm file (the kind `probe gradfid --certify` writes) beside `model=PRESET`: the preset is
+    a group choice, composed before the file; dotted overrides still win over the file."""
+    arm = tmp_path / "routes.yaml"
+    arm.write_text("arm:\n  name: routes\n  phases:\n  - {mask_ratio: 0.0, fraction: 1.0}\n"
+                   "train:\n  demote_routes:\n  - {ratio: 0.75, t: [0.0, 0.5]}\n  lr: 0.002\n")
+    cfg = load_config([f"arm={arm}", "model=tiny_deep", "train.lr=3e-3", "seed=2"])
+    assert (cfg.model.name, cfg.model.depth, cfg.train.lr, cfg.seed) == ("tiny_deep", 12, 3e-3, 2)
+    assert [(r.ratio, list(r.t)) for r in cfg.train.demote_routes] == [(0.75, [0.0, 0.5])]
+
+
 def test_run_id_names_arm_data_model_seed_and_hash():
     cfg = load_config(["arm=mask0", "seed=3"])
-    assert run_id(cfg).startswith("mask0-synth-tiny-s3-")
+    assert run_id(cfg).startswith("mask0-synth-micro_s-s3-")
     assert config_hash(cfg) != config_hash(load_config(["arm=mask0", "seed=4"]))
     # paths and worker counts do not change results, so they do not change the name
     assert config_hash(cfg) == config_hash(load_config(["arm=mask0", "seed=3", "paths.runs=/elsewhere",
@@ -91,7 +103,8 @@ def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other(
 
     spent = {}
     for arm in known_arms():
-        cfg = load_config([f"arm={arm}", *(["init_from=runs/a-trained-run"] if arm == "lsc_convert" else [])])
+        conversion = ["init_from=runs/a-trained-run", "model=tiny_deep"]  # Skip-DiT's conversion: no mixer
+        cfg = load_config([f"arm={arm}", *(conversion if arm == "lsc_convert" else [])])
         schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
         spent[arm] = schedule.total_flops
         assert spent[arm] <= cfg.budget.flops

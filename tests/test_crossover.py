@@ -31,7 +31,7 @@ def test_ratio_is_the_interpolated_flops_to_the_baseline_value_per_seed() -> Non
     assert cell.n == 2 and cell.bound == ""
     assert cell.ratio == pytest.approx(math.sqrt(0.75 * 0.625))
     assert cell.ratio_ci == pytest.approx((math.exp(sum(logs) / 2 - half), math.exp(sum(logs) / 2 + half)))
-    assert cell.difference[0] == pytest.approx(((80 - 100) + (80 - 110)) / 2)
+    assert cell.difference.test == "paired" and cell.difference.mean == pytest.approx(((80 - 100) + (80 - 110)) / 2)
     assert cell.pays is None  # df = 1: the interval straddles 1
 
 
@@ -58,6 +58,7 @@ def test_cells_split_by_model_and_batch_and_need_both_arms_per_seed() -> None:
     assert all(c.n == 3 for c in cells)
     assert [c.model for c in cells][:4] == ["micro_xs"] * 4  # smallest model first
     assert "| micro_s | 2 | 128 | 1 |" in render_cells(cells)
+    assert all(c.difference.verdict == "better" for c in cells)  # mask75 is lower by 10·p at every seed
 
 
 def test_plot_writes_a_heatmap_and_curves(tmp_path) -> None:
@@ -70,3 +71,17 @@ def test_plot_writes_a_heatmap_and_curves(tmp_path) -> None:
 def test_plot_refuses_an_empty_map(tmp_path) -> None:
     with pytest.raises(ValueError, match="no crossover cells"):
         plot_crossover([], tmp_path / "map.png")
+
+
+def test_leaderboard_crossover_prints_and_draws_the_map(tmp_path, capsys) -> None:
+    from maskbench.results.leaderboard import append_rows
+    from maskbench.results.report import leaderboard_main
+
+    csv_path = tmp_path / "crossover.csv"
+    append_rows(csv_path, [row(arm, seed, p, 100.0 - 30 * p * (1 + (arm == "mask75")) - seed)
+                           for arm in ("mask0", "mask75") for seed in range(2) for p in (0.5, 1.0)])
+    assert leaderboard_main([str(csv_path)], plot=str(tmp_path / "map.png"), crossover="mask75") == 0
+    out = capsys.readouterr().out
+    assert out.count("| micro_s | 2 | 64 |") == 2 and (tmp_path / "map.png").is_file()
+    assert leaderboard_main([str(csv_path)], crossover="sprint75") == 1
+    assert "no crossover cells" in capsys.readouterr().err

@@ -126,7 +126,7 @@ def test_route_table_arm_trains_to_its_exact_budget(tmp_path, synth_root, monkey
     run = Trainer(cfg).fit()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
-    assert steps[-1]["flops"] == schedule.total_flops and 24 in sizes and 32 in sizes
+    assert steps[-1]["flops"] == schedule.total_flops and 32 in sizes and len(set(sizes) - {32}) >= 2
 
 
 def test_probe_certifies_a_route_table_that_run_takes(tmp_path, synth_root, capsys) -> None:

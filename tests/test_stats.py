@@ -321,7 +321,7 @@ def test_comparisons_render_in_every_format(paired_board):
     summary = summarize(paired_board)
     table = render(summary).splitlines()
     start = table.index("Against mask0 at the final point:")
-    assert table[start + 1].split()[:8] == ["dataset", "model", "budget", "arm", "metric", "test", "n", "Δ"]
+    assert table[start + 1].split()[:8] == ["dataset", "model", "batch", "budget", "arm", "metric", "test", "n"]
     assert "3 pairs" in table[start + 3] and "no difference detected" in table[start + 3]
     assert any(line.startswith("Δ: arm − mask0") for line in table)
     markdown = render(summary, "markdown").splitlines()
@@ -339,7 +339,7 @@ def test_comparisons_render_in_every_format(paired_board):
 
 def test_the_committed_leaderboard_renders_with_paired_comparisons(capsys):
     rows = read_rows(["results/leaderboard.csv"], on_error="abort")
-    compared = [r for r in summarize(rows) if r.comparison]
+    compared = [r for r in summarize(rows) if r.comparison and r.model == "tiny"]  # the two-seed results
     assert len(compared) == 8 and all(r.comparison.difference.test == "paired" for r in compared)
     assert all(r.comparison.difference.n == 2 and r.comparison.difference.boot is None for r in compared)
     assert leaderboard_main(["results/leaderboard.csv"], "table", None, "mask0", "abort") == 0
@@ -422,3 +422,35 @@ def test_mlperf_needs_ten_runs_per_arm(ten_seeds, capsys):
     err = capsys.readouterr().err
     assert "--mlperf scores arms with >= 10 finished runs" in err and "mask0 2" in err
     assert leaderboard_main(["results/leaderboard.csv"], "table", "x.png", "mask0", "skip", mlperf=True) == 2
+
+
+def _through_csv(tmp_path, rows: list[dict]) -> list[dict]:
+    append_rows(tmp_path / "rows.csv", rows)
+    return read_rows([tmp_path / "rows.csv"], on_error="abort")
+
+
+def test_batch_sizes_are_never_pooled(tmp_path):
+    """Tokens per step change what masking buys (the crossover map's axis), so each batch size is its own group."""
+    rows = [run_row("mask0", seed, 1.0, 100.0 + seed + batch, BUDGET, 1.0, batch_size=batch,
+                    run_id=f"mask0-b{batch}-s{seed}") for seed in range(2) for batch in (16, 128)]
+    finals = {r.batch_size: r for r in summarize(_through_csv(tmp_path, rows))}
+    assert sorted(finals) == [16, 128] and all(r.n == 2 for r in finals.values())
+    assert finals[16].metrics["fid"][0] == pytest.approx(116.5)
+
+
+def test_runs_continued_from_a_trained_run_form_their_own_paired_group(tmp_path):
+    """Skip-DiT's conversion is compared with continuing the same source, seed by seed; neither pools with
+    runs from scratch (whose mask0 would otherwise give a seed two runs and break the pairing)."""
+    rows = [run_row("mask0", seed, 1.0, 300.0 + seed, BUDGET, 1.0) for seed in range(3)]
+    for arm, fid in (("mask0", 200.0), ("lsc_convert", 250.0)):
+        rows += [run_row(arm, seed, 1.0, fid + 2 * seed * (arm == "mask0"), BUDGET, 1.0,
+                         run_id=f"{arm}-continued-s{seed}", init_from=f"mask0-synth-tiny-s{seed}-0123abcd@1")
+                 for seed in range(3)]
+    summary = summarize(_through_csv(tmp_path, rows))
+    scratch = [r for r in summary if not r.started_from]
+    continued = {r.arm: r for r in summary if r.started_from}
+    assert [r.arm for r in scratch] == ["mask0"] and scratch[0].n == 3
+    assert set(continued) == {"mask0", "lsc_convert"} and continued["mask0"].started_from == "mask0-synth-tiny"
+    diff = continued["lsc_convert"].comparison.difference
+    assert diff.test == "paired" and diff.n == 3 and diff.mean == pytest.approx(50.0 - 2.0)
+    assert "tiny from mask0-synth-tiny" in render(summary)

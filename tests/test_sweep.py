@@ -175,14 +175,15 @@ def test_bad_study_files_are_refused_in_one_line(tmp_path, text, message):
 
 def test_study_errors_and_listing_on_the_command_line(capsys):
     assert main(["sweep", "study=nope"]) == 2
-    assert "unknown study 'nope'; shipped studies: example" in capsys.readouterr().err
+    assert "unknown study 'nope'; shipped studies: crossover, example, powered" in capsys.readouterr().err
     assert main(["sweep", "study=example,other"]) == 2
     assert "one study at a time" in capsys.readouterr().err
     assert main(["sweep", "study=missing/file.yaml"]) == 2
     assert "study file not found" in capsys.readouterr().err
     assert main(["sweep", "--list-studies"]) == 0
     listing = capsys.readouterr().out.splitlines()
-    assert listing[0].startswith("example ") and listing[1].split() == ["arm=mask0,mask75", "seed=0,1"]
+    at = next(i for i, line in enumerate(listing) if line.startswith("example "))
+    assert listing[at + 1].split() == ["arm=mask0,mask75", "seed=0,1"]
     assert main(["sweep", "study=example", "seed=3", "--emit", "torchrun", "--nproc", "1"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "torchrun --nproc_per_node 1 -m maskbench run arm=mask0 seed=3",
@@ -194,3 +195,15 @@ def test_study_errors_and_listing_on_the_command_line(capsys):
 def test_status_and_studies_do_not_import_torch(argv):
     done = subprocess.run([sys.executable, "-c", CHILD, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["0", "False", "False"], done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("study", "cells"), [("powered", 15), ("crossover", 36)])
+def test_the_shipped_studies_are_valid_grids_with_their_own_csv(study, cells):
+    """Every cell of the committed studies composes (a typo would waste the sittings before it), and each study
+    writes its own CSV; a cluster user replaces axes without editing the file."""
+    from maskbench.train.sweep import plan_sweep, with_study
+    runs = plan_sweep(with_study([f"study={study}"])[1])
+    assert len(runs) == cells and {cfg.paths.leaderboard for _, cfg in runs} == {f"results/{study}/leaderboard.csv"}
+    assert len({cfg.seed for _, cfg in runs}) >= 3 and {cfg.model.mixer_depth for _, cfg in runs} == {1}
+    scaled = plan_sweep(with_study([f"study={study}", "model=dit_b2", "seed=0"])[1])
+    assert {cfg.model.name for _, cfg in scaled} == {"dit_b2"} and len(scaled) * 3 <= cells

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from maskbench.results.leaderboard import Row
-from maskbench.results.stats import LOWER_IS_BETTER, Estimate, compute_to_target, mean_ci
+from maskbench.results.stats import (LOWER_IS_BETTER, Difference, compute_to_target, paired_difference,
+                                     ratio_summary, source_family)
 
 Bound = str  # "" a value, "<=" reached at the masked run's first point, ">" not reached within its points
 
@@ -42,15 +43,16 @@ class Cell:
     point: float                  # horizon as a fraction of the budget
     horizon_flops: float          # the baseline's mean train FLOPs at that point
     n: int                        # seeds with both arms
-    ratio: float | None           # geometric mean of the per-seed ratios (None: no bounded seed)
-    ratio_ci: tuple[float, float] | None  # its 95% interval (None with fewer than 2 bounded seeds)
+    ratio: float                  # geometric mean of the per-seed ratios (or of their bounds)
+    ratio_ci: tuple[float, float] | None  # its 95% interval (None for one seed)
     bound: Bound                  # "" unless some seed's ratio is only a bound: then the worst such
-    difference: Estimate          # masked minus baseline metric at the horizon, mean over seeds ± CI
+    difference: Difference | None  # masked − baseline at the horizon, paired by seed, with its verdict
+                                   # (None when the masked arm has no eval point at that horizon)
 
     @property
     def pays(self) -> bool | None:
         """True when the whole interval of the ratio lies below 1, False above, None undecided."""
-        if self.bound == ">" and (self.ratio is None or self.ratio >= 1):
+        if self.bound == ">" and self.ratio >= 1:
             return False
         if self.ratio_ci is None or self.bound:
             return None
@@ -67,10 +69,10 @@ def crossover_cells(rows: Sequence[Row], arm: str = "mask75", baseline: str = "m
     latest = {(row["run_id"], row["point"]): row for row in rows if not row["source"] and row[metric] is not None}
     for row in latest.values():
         if row["arm"] in (arm, baseline):
-            key = (row["dataset"], row["model"], row["batch_size"], row["budget_flops"])
+            key = (row["dataset"], row["model"], row["batch_size"], row["budget_flops"], source_family(row))
             curves[key][row["arm"]][row["seed"]].append(row)
     cells = []
-    for key in sorted(curves, key=lambda k: (k[0], _first(curves[k])["params"], k[1], k[2], k[3])):
+    for key in sorted(curves, key=lambda k: (k[0], _first(curves[k])["params"], *k[1:])):
         by_arm = curves[key]
         seeds = sorted(set(by_arm[arm]) & set(by_arm[baseline]))
         if seeds:
@@ -84,52 +86,52 @@ def _first(by_arm: dict[str, dict[int, list[Row]]]) -> Row:
 
 def _cells(base: dict[int, list[Row]], masked: dict[int, list[Row]], seeds: list[int], metric: str) -> list[Cell]:
     """The cells of one (model, batch, budget) pair of runs: one per baseline eval point all seeds have."""
-    higher = not LOWER_IS_BETTER[metric]
+    lower = LOWER_IS_BETTER[metric]
     points = sorted(set.intersection(*({r["point"] for r in base[s]} for s in seeds)))
     first = base[seeds[0]][0]
     cells = []
     for point in points:
-        ratios, bounds, diffs, flops = [], [], [], []
+        ratios, bounds, pairs, flops = [], [], [], []
         for seed in seeds:
             at = next(r for r in base[seed] if r["point"] == point)
             curve = sorted((r["train_flops"], r[metric]) for r in masked[seed])
-            needed = compute_to_target(curve, at[metric], higher_is_better=higher)
+            needed = compute_to_target(curve, at[metric], higher_is_better=not lower)
             if needed is None:
                 ratios.append(curve[-1][0] / at["train_flops"])
                 bounds.append(">")
             else:
                 ratios.append(needed / at["train_flops"])
                 bounds.append("<=" if needed == curve[0][0] else "")
-            same = [r for r in masked[seed] if r["point"] == point]
-            if same:
-                diffs.append(same[0][metric] - at[metric])
+            same = [r[metric] for r in masked[seed] if r["point"] == point]
+            pairs.append((same[0], at[metric]) if same else None)
             flops.append(at["train_flops"])
-        cells.append(_cell(first, point, float(np.mean(flops)), ratios, bounds, diffs))
+        difference = paired_difference(*zip(*pairs), lower_is_better=lower) if None not in pairs else None
+        cells.append(_cell(first, point, float(np.mean(flops)), ratios, bounds, difference))
     return cells
 
 
 def _cell(first: Row, point: float, horizon_flops: float, ratios: list[float], bounds: list[Bound],
-          diffs: list[float]) -> Cell:
-    """Pool the seeds: geometric mean and t-interval of the ratios; the worst bound any seed has."""
-    logs = [math.log(r) for r in ratios]
-    mean, half = mean_ci(logs)
-    ci = None if math.isnan(half) else (math.exp(mean - half), math.exp(mean + half))
+          difference: Difference | None) -> Cell:
+    """Pool the seeds: geometric mean and log-scale t-interval of the ratios; the worst bound any seed has."""
+    summary = ratio_summary(ratios)
+    ci = None if math.isnan(summary.lo) else (summary.lo, summary.hi)
     bound = ">" if ">" in bounds else "<=" if "<=" in bounds else ""
     return Cell(model=first["model"], params=first["params"], batch_size=first["batch_size"], point=point,
-                horizon_flops=horizon_flops, n=len(ratios), ratio=math.exp(mean), ratio_ci=ci, bound=bound,
-                difference=mean_ci(diffs) if diffs else (math.nan, math.nan))
+                horizon_flops=horizon_flops, n=len(ratios), ratio=summary.geomean, ratio_ci=ci, bound=bound,
+                difference=difference)
 
 
 def render_cells(cells: Sequence[Cell]) -> str:
     """The map as a markdown table, one line per cell."""
-    lines = ["| model | params | batch | horizon | FLOPs | n | ratio (95% CI) | masked − baseline | pays |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | params | batch | horizon | FLOPs | n | FLOPs ratio (95% CI) | pays | masked − baseline "
+             "(95% CI) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in cells:
         ci = f" ({c.ratio_ci[0]:.2f}–{c.ratio_ci[1]:.2f})" if c.ratio_ci else ""
-        diff = "" if math.isnan(c.difference[0]) else f"{c.difference[0]:.4g} ± {c.difference[1]:.2g}"
         pays = {True: "yes", False: "no", None: "undecided"}[c.pays]
+        d = c.difference
+        diff = "" if d is None else f"{d.mean:.4g}" + ("" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]")
         lines.append(f"| {c.model} | {c.params} | {c.batch_size} | {c.point:g} | {c.horizon_flops:.3g} | {c.n} | "
-                     f"{c.bound}{c.ratio:.2f}{ci} | {diff} | {pays} |")
+                     f"{c.bound}{c.ratio:.2f}{ci} | {pays} | {diff} | {'' if d is None else d.verdict} |")
     return "\n".join(lines)
 
 

@@ -32,7 +32,8 @@ import numpy as np
 import scipy.stats
 
 from maskbench.results.leaderboard import Row
-from maskbench.results.stats import LOWER_IS_BETTER, compared_metric, compute_to_target, measured_groups
+from maskbench.results.stats import (LOWER_IS_BETTER, compared_metric, compute_to_target, group_label,
+                                     measured_groups)
 
 MIN_RUNS = 10   # MLPerf's minimum for text-to-image (and most benchmarks); its references provide 2N
 ALPHA = 0.05    # the RCP test's one-sided p-value
@@ -100,8 +101,8 @@ def mlperf_summary(rows: Sequence[Row], baseline_arm: str = "mask0",
     """MLPerf-style scores of every arm with >= MIN_RUNS finished runs, and notes (arms left out, why)."""
     scores: list[Score] = []
     notes: list[str] = []
-    for (dataset, model, budget), group in measured_groups(rows).items():
-        name = f"{dataset}/{model}/{budget:.3g}"
+    for (dataset, model, batch, budget, started_from), group in measured_groups(rows).items():
+        name = group_label(dataset, model, batch, budget, started_from)
         compared = compared_metric(group, metric)
         finals = _final_runs(group, compared)
         counts = ", ".join(f"{arm} {len(runs)}" for arm, runs in sorted(finals.items()))

@@ -51,9 +51,10 @@ def plot_leaderboard(summary_or_rows: Sequence[Summary] | Sequence[Row],
 
 
 def _plot_group(subfig: SubFigure, group: tuple, records: list[Summary], colors: dict[str, str]) -> None:
-    """The two panels of one (dataset, model, budget) group, one line per arm."""
-    dataset, model, budget = group
-    subfig.suptitle(f"{dataset} / {model} / budget {budget:.3g} FLOPs (mean, 95% CI over seeds)")
+    """The two panels of one (dataset, model, batch size, budget, source) group, one line per arm."""
+    dataset, model, batch, budget, started_from = group
+    start = f" from {started_from}" if started_from else ""
+    subfig.suptitle(f"{dataset} / {model}{start} / batch {batch} / budget {budget:.3g} FLOPs (mean, 95% CI over seeds)")
     ax_hours, ax_flops = subfig.subplots(1, 2)
     arms: dict[str, list[Summary]] = defaultdict(list)
     for record in records:
@@ -75,11 +76,11 @@ def _plot_group(subfig: SubFigure, group: tuple, records: list[Summary], colors:
 
 
 def _groups(summary: Sequence[Summary]) -> dict[tuple, list[Summary]]:
-    """Measured records with an FID, by (dataset, model, budget) group, in summary order."""
+    """Measured records with an FID, by (dataset, model, batch size, budget, source) group, in summary order."""
     groups: dict[tuple, list[Summary]] = defaultdict(list)
     for r in summary:
         if not r.is_reference and r.metrics["fid"] is not None:
-            groups[r.dataset, r.model, r.budget_flops].append(r)
+            groups[r.dataset, r.model, r.batch_size, r.budget_flops, r.started_from].append(r)
     return groups
 
 

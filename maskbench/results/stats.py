@@ -328,6 +328,7 @@ class Summary:
 
     dataset: str | None
     model: str | None
+    batch_size: int | None        # tokens per step change what masking buys: never pooled across batch sizes
     budget_flops: float | None
     arm: str
     point: float | None
@@ -344,6 +345,7 @@ class Summary:
     comparison: Comparison | None = None
     source: str = ""
     notes: tuple[str, ...] = ()
+    started_from: str = ""        # `source_family` of the trained run these runs started from ("" from scratch)
 
     @property
     def is_reference(self) -> bool:
@@ -352,7 +354,7 @@ class Summary:
 
 def summarize(rows: Sequence[Row], baseline_arm: str = "mask0", metric: str = "fid",
               level: float = 0.95) -> list[Summary]:
-    """Group measured rows by (dataset, model, budget_flops) and summarise each arm at each point.
+    """Group measured rows by (dataset, model, batch size, budget) and summarise each arm at each point.
 
     Per arm and point: seeds, mean ± CI of every metric, mean GPU-hours and train FLOPs. Per arm
     (at its final point), against the baseline's final point on `metric`: compute-to-target of the
@@ -372,13 +374,22 @@ def summarize(rows: Sequence[Row], baseline_arm: str = "mask0", metric: str = "f
 
 
 def measured_groups(rows: Sequence[Row]) -> dict[tuple, list[Row]]:
-    """Measured rows by (dataset, model, budget_flops), in sorted order; a point evaluated twice
-    (same run_id and point) counts once, the later row winning."""
+    """Measured rows by (dataset, model, batch_size, budget_flops, source_family), in sorted order; a
+    point evaluated twice (same run_id and point) counts once, the later row winning."""
     latest = {(row["run_id"], row["point"]): row for row in rows if not row["source"]}
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for row in latest.values():
-        groups[row["dataset"], row["model"], row["budget_flops"]].append(row)
+        key = (row["dataset"], row["model"], row["batch_size"] or 0, row["budget_flops"], source_family(row))
+        groups[key].append(row)
     return {key: groups[key] for key in sorted(groups)}
+
+
+def source_family(row: Row) -> str:
+    """Where a run started: "" from scratch, else its `init_from` source's arm-data-model (run id less its
+    seed and hash). Runs that continue trained weights are never pooled with runs from scratch, and the
+    runs of one seed started from the same seed's source, so they still pair by seed."""
+    source = (row.get("init_from") or "").partition("@")[0]
+    return source.rsplit("-", 2)[0] if source else ""
 
 
 def compared_metric(rows: Sequence[Row], metric: str) -> str:
@@ -478,8 +489,9 @@ def _point(runs: list[Row], features: str, target_metric: str, level: float,
     """The record of one arm at one eval point, pooling its seeds."""
     first = runs[0]
     return Summary(
-        dataset=first["dataset"], model=first["model"], budget_flops=first["budget_flops"],
-        arm=first["arm"], point=first["point"], n=len(runs),
+        dataset=first["dataset"], model=first["model"], batch_size=first["batch_size"],
+        budget_flops=first["budget_flops"], arm=first["arm"], point=first["point"], n=len(runs),
+        started_from=source_family(first),
         metrics={metric: _estimate(_values(runs, metric), level) for metric in METRICS},
         train_flops=_mean(_values(runs, "train_flops")), gpu_hours=_mean(_values(runs, "gpu_hours")),
         fid_features=features, target_metric=target_metric, notes=notes,
@@ -511,8 +523,8 @@ def _reach(curve: list[Summary], metric: str, x_field: str, x_unit: float,
 def _reference(row: Row, metric: str) -> Summary:
     """A published row as its own record: one value per metric, no interval, its citation kept."""
     return Summary(
-        dataset=row["dataset"], model=row["model"], budget_flops=row["budget_flops"], arm=row["arm"],
-        point=row["point"], n=1,
+        dataset=row["dataset"], model=row["model"], batch_size=row["batch_size"],
+        budget_flops=row["budget_flops"], arm=row["arm"], point=row["point"], n=1,
         metrics={m: (row[m], math.nan) if row[m] is not None else None for m in METRICS},
         train_flops=row["train_flops"], gpu_hours=row["gpu_hours"],
         fid_features=row["fid_features"] or "", target_metric=metric, source=row["source"],
@@ -533,11 +545,11 @@ def _mean(values: list[float]) -> float | None:
 
 # "FD", not "FID": the column is Inception FID only where its features say inception (on synth it is the
 # oracle's Fréchet distance); `fd_note` says so under every table.
-TABLE_HEADER = ("dataset", "model", "budget", "arm", "point", "n", "FD", "FD features", "CLIP",
+TABLE_HEADER = ("dataset", "model", "batch", "budget", "arm", "point", "n", "FD", "FD features", "CLIP",
                 "val loss", "align", "GPU-h", "FLOPs to target", "GPU-h to target", "ref")
-COMPARISON_HEADER = ("dataset", "model", "budget", "arm", "metric", "test", "n", "Δ (95% CI)", "bootstrap 95%",
+COMPARISON_HEADER = ("dataset", "model", "batch", "budget", "arm", "metric", "test", "n", "Δ (95% CI)", "bootstrap 95%",
                      "p", "MDE", "verdict", "FLOPs ratio (95% CI)", "GPU-h ratio (95% CI)")
-CSV_HEADER = ("dataset", "model", "budget_flops", "arm", "point", "n",
+CSV_HEADER = ("dataset", "model", "batch_size", "budget_flops", "started_from", "arm", "point", "n",
               *(f"{m}{suffix}" for m in METRICS for suffix in ("", "_ci")),
               "train_flops", "gpu_hours", "fid_features", "target_metric", "target",
               "flops_to_target", "hours_to_target", "welch_p",
@@ -615,7 +627,8 @@ def _comparison_cells(record: Summary) -> list[str]:
     n = f"{d.n} pairs" if d.test == "paired" else f"{d.n} vs {d.n_base}"
     interval = "" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]"
     boot = f"[{d.boot[0]:.3g}, {d.boot[1]:.3g}]" if d.boot else (f"n < {MIN_BOOTSTRAP}" if d.test == "paired" else "")
-    return [record.dataset or "", record.model or "", _g(record.budget_flops), record.arm, c.metric, d.test, n,
+    return [record.dataset or "", _model_cell(record), _int(record.batch_size), _g(record.budget_flops), record.arm,
+            c.metric, d.test, n,
             f"{d.mean:.4g}{interval}", boot, _g(None if math.isnan(d.p) else d.p),
             _g(None if math.isnan(d.mde) else d.mde), d.verdict, _ratio(c.flops_ratio), _ratio(c.hours_ratio)]
 
@@ -628,9 +641,17 @@ def _ratio(ratio: Ratio | None) -> str:
     return f"{ratio.geomean:.3f}" + ("" if math.isnan(ratio.lo) else f" [{ratio.lo:.3g}, {ratio.hi:.3g}]")
 
 
+def group_label(dataset: str | None, model: str | None, batch_size: int | None, budget_flops: float | None,
+                started_from: str = "") -> str:
+    """dataset/model[ from SOURCE][/bBATCH]/budget: a group's name in notes (the batch when rows record one)."""
+    start = f" from {started_from}" if started_from else ""
+    batch = f"/b{batch_size}" if batch_size else ""
+    return f"{dataset}/{model}{start}{batch}/{_g(budget_flops)}"
+
+
 def _group_notes(record: Summary) -> list[str]:
     """A record's group notes, prefixed with its group so they read on their own under a table."""
-    group = f"{record.dataset}/{record.model}/{_g(record.budget_flops)}"
+    group = group_label(record.dataset, record.model, record.batch_size, record.budget_flops, record.started_from)
     extra = [f"{record.arm}: {record.comparison.note}"] if record.comparison and record.comparison.note else []
     return [f"{group}: {note}" for note in (*record.notes, *extra)]
 
@@ -638,7 +659,7 @@ def _group_notes(record: Summary) -> list[str]:
 def _table_cells(record: Summary, sources: list[str]) -> list[str]:
     """Display strings of one record, in TABLE_HEADER order."""
     return [
-        record.dataset or "", record.model or "", _g(record.budget_flops), record.arm,
+        record.dataset or "", _model_cell(record), _int(record.batch_size), _g(record.budget_flops), record.arm,
         _g(record.point), str(record.n), _pm(record.metrics["fid"]), record.fid_features,
         _pm(record.metrics["clip_score"]), _pm(record.metrics["val_loss"]),
         _pm(record.metrics["align_acc"]), _g(record.gpu_hours),
@@ -665,6 +686,15 @@ def _g(value: float | None) -> str:
     return "" if value is None else f"{value:.3g}"
 
 
+def _model_cell(record: Summary) -> str:
+    """The model, and the trained run its group started from (`init_from`), if any."""
+    return (record.model or "") + (f" from {record.started_from}" if record.started_from else "")
+
+
+def _int(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
 def _markdown_line(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
@@ -676,7 +706,7 @@ def _render_csv(summary: Sequence[Summary]) -> str:
     writer.writerow(CSV_HEADER)
     for r in summary:
         estimates = [x for m in METRICS for x in (r.metrics[m] or (None, None))]
-        values = (r.dataset, r.model, r.budget_flops, r.arm, r.point, r.n, *estimates, r.train_flops,
+        values = (r.dataset, r.model, r.batch_size, r.budget_flops, r.started_from, r.arm, r.point, r.n, *estimates, r.train_flops,
                   r.gpu_hours, r.fid_features, r.target_metric, r.target, r.flops_to_target,
                   r.hours_to_target, r.welch_p, *_comparison_values(r.comparison), r.source,
                   "; ".join((*r.notes, *([r.comparison.note] if r.comparison and r.comparison.note else []))))

@@ -145,20 +145,23 @@ def _eval_steps(points: Sequence[float], phases: list[PhasePlan]) -> dict[int, f
     return eval_steps
 
 
+def _step_flops(counter: Callable[..., int], cfg: RunConfig, data: DatasetInfo, image_size: int, batch: int,
+                mask_ratio: float) -> int:
+    """A `maskbench.train.flops` step counter on this run's model and data at one input size and batch."""
+    return counter(cfg.model, image_size, data.channels, data.context_dim or cfg.model.text_width,
+                   data.context_len or cfg.model.text_len, batch, mask_ratio, text_encoder=not data.latent)
+
+
 def skips_only_batch_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float) -> int:
     """FLOPs of one step of the global batch in a skips-only phase (never downscaled: the config refuses it)."""
-    return skips_only_step_flops(cfg.model, data.image_size, data.channels, data.context_dim or cfg.model.text_width,
-                                 data.context_len or cfg.model.text_len, cfg.train.batch_size, mask_ratio,
-                                 text_encoder=not data.latent)
+    return _step_flops(skips_only_step_flops, cfg, data, data.image_size, cfg.train.batch_size, mask_ratio)
 
 
 def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downscaled: tuple[int, ...] = ()) -> int:
     """FLOPs of one training step of the global batch, downscaled[r] of its samples at route r's size
     (`demote_routes` order; a step's cost is linear in its batch, so the parts add)."""
     def per_sample(image_size: int) -> int:
-        return train_step_flops(cfg.model, image_size, data.channels, data.context_dim or cfg.model.text_width,
-                                data.context_len or cfg.model.text_len, 1, mask_ratio,
-                                text_encoder=not data.latent)
+        return _step_flops(train_step_flops, cfg, data, image_size, 1, mask_ratio)
 
     sizes = [data.demoted_size(route.ratio, cfg.model.patch_size) for route in demote_routes(cfg.train)]
     full = (cfg.train.batch_size - sum(downscaled)) * per_sample(data.image_size)
