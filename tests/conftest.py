@@ -40,6 +40,16 @@ def tiny_overrides(tmp_path: Path, synth_root: Path, *extra: str) -> list[str]:
     ]
 
 
+def randomized(model: torch.nn.Module, std: float) -> torch.nn.Module:
+    """Every parameter redrawn from a fixed seed. A fresh DiT is adaLN-Zero: it predicts 0 for every token and
+    its blocks are the identity, so a loss reading the wrong tokens, or skips paired wrongly, would go unseen."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(std=std, generator=gen)
+    return model
+
+
 @pytest.fixture
 def opts(tmp_path: Path) -> EncodeOptions:
     """A random 2-level VAE (2× downsampling) and a random tiny open_clip text tower (`local-dir:` folder)."""

@@ -20,7 +20,7 @@ from maskbench.runs.launch import train
 from maskbench.train.loop import Trainer
 from maskbench.train.schedule import downscaled_count, make_schedule
 from maskbench.models.objective import downscale, flow_loss, in_window, interpolate, mae_target, windowed_flow_loss
-from tests.conftest import tiny_overrides
+from tests.conftest import randomized, tiny_overrides
 
 B = 3
 
@@ -39,15 +39,6 @@ def _inputs(model: DiT, size: int = 16) -> tuple[torch.Tensor, ...]:
     return x0, noise, t, ids, mask
 
 
-def _randomized(model: DiT) -> DiT:
-    """Every parameter drawn anew from a fixed seed: a fresh DiT is adaLN-Zero and predicts 0 for every token,
-    so a loss reading the wrong tokens or samples would come out the same."""
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(std=0.1, generator=gen)
-    return model
-
 
 def _sample_mse(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, ids: torch.Tensor,
                 mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
@@ -59,7 +50,7 @@ def _sample_mse(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tens
 
 # ------------------------------------------------------------------------------------- MaskDiT decoder + MAE
 def test_decoder_predicts_every_token_and_the_mae_term_reads_only_dropped_ones() -> None:
-    model = _randomized(_model(depth=2, decoder_depth=1))
+    model = randomized(_model(depth=2, decoder_depth=1), std=0.1)
     x0, noise, t, ids, mask = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
     x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
@@ -127,7 +118,7 @@ def test_model_runs_downscaled_inputs_on_the_pooled_positions() -> None:
 
 
 def test_windowed_loss_is_the_sample_mean_of_the_downscaled_and_full_parts() -> None:
-    model = _randomized(_model(depth=1))
+    model = randomized(_model(depth=1), std=0.1)
     x0, noise, _, ids, mask = _inputs(model)
     t = torch.tensor([0.2, 0.7, 0.9])                       # inside the window [0.6, 1]: samples 1 and 2
     drop = torch.tensor([False, True, False])

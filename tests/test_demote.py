@@ -19,8 +19,8 @@ from maskbench.models.build import build_model
 from maskbench.models.objective import demote, route_choice, windowed_flow_loss
 from maskbench.train.loop import Trainer
 from maskbench.train.schedule import batch_step_flops, downscaled_count, make_schedule, step_generators
-from tests.conftest import tiny_overrides
-from tests.test_arms import _inputs, _model, _randomized, _sample_mse
+from tests.conftest import randomized, tiny_overrides
+from tests.test_arms import _inputs, _model, _sample_mse
 
 ROUTES = "train.demote_routes=[{ratio: 0.75, t: [0.0, 0.5], priority: 1}, {ratio: 0.5, t: [0.3, 1.0]}]"
 
@@ -63,7 +63,7 @@ def test_non_integer_grids_take_the_table_resampled_at_their_token_centres() -> 
 
 
 def test_route_table_loss_is_the_sample_mean_of_every_route_and_the_native_part() -> None:
-    model = _randomized(_model(depth=1))
+    model = randomized(_model(depth=1), std=0.1)
     x0, noise, _, ids, mask = _inputs(model)
     t = torch.tensor([0.2, 0.7, 0.9])
     drop = torch.tensor([False, True, False])

@@ -14,7 +14,7 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
-from tests.conftest import tiny_overrides
+from tests.conftest import randomized, tiny_overrides
 
 B, IMAGE = 3, 16  # a 4×4 token grid at patch 4
 GATE_IMAGE = 32   # 8×8 = 64 tokens: the gate has 64 // 16 = 4 hidden units
@@ -25,15 +25,6 @@ def _model(image_size: int = IMAGE, **fields) -> DiT:
     torch.manual_seed(0)
     return DiT(cfg, image_size, 3, cfg.text_width, SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len))
 
-
-def _randomized(model: DiT) -> DiT:
-    """Every parameter redrawn: a fresh DiT is adaLN-Zero (its blocks are the identity), so skips would all
-    carry the same tokens and a wrong pairing or gate index would go unseen."""
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(std=0.3, generator=gen)
-    return model
 
 
 def _inputs(model: DiT, size: int) -> tuple[torch.Tensor, ...]:
@@ -103,7 +94,7 @@ def test_kappa_scales_follow_scalelongs_order_innermost_damped_most(depth: int) 
 
 
 def test_fixed_scale_multiplies_the_skip_before_the_fusion() -> None:
-    model = _randomized(_model(depth=8, long_skip="concat", skip_scale="kappa", skip_kappa=0.5))
+    model = randomized(_model(depth=8, long_skip="concat", skip_scale="kappa", skip_kappa=0.5), std=0.3)
     outputs, fused = _record(model)
     model(*_inputs(model, IMAGE))
     for block, source in long_skip_pairs(8):  # block 4 fuses block 3 (innermost, 0.5^3) ... block 7 block 0 (1)
@@ -128,7 +119,7 @@ def _gate_by_hand(gate: SkipGate, skip: torch.Tensor, keep_idx: torch.Tensor | N
 
 @pytest.mark.parametrize("mask_ratio", [0.0, 0.75])
 def test_gate_is_a_token_mlp_over_the_skips_channel_means(mask_ratio: float) -> None:
-    gate = _randomized(_model(GATE_IMAGE, depth=2, long_skip="concat", skip_scale="learned_shared")).long_skip_gates[0]
+    gate = randomized(_model(GATE_IMAGE, depth=2, long_skip="concat", skip_scale="learned_shared"), std=0.3).long_skip_gates[0]
     assert (gate.mlp.fc1.weight.shape, gate.mlp.fc2.weight.shape) == ((4, 64), (64, 4))  # L = 64, L // 16 = 4
     keep = random_keep_idx(B, 64, mask_ratio, torch.Generator().manual_seed(1)) if mask_ratio else None
     skip = torch.randn(B, 64 if keep is None else keep.shape[1], 32)
@@ -139,7 +130,7 @@ def test_gate_is_a_token_mlp_over_the_skips_channel_means(mask_ratio: float) -> 
 
 @pytest.mark.parametrize(("scale", "gates"), [("learned_shared", 1), ("learned_per_skip", 3)])
 def test_each_skip_is_multiplied_by_its_gate_computed_from_the_skip(scale: str, gates: int) -> None:
-    model = _randomized(_model(GATE_IMAGE, depth=6, long_skip="concat", skip_scale=scale))
+    model = randomized(_model(GATE_IMAGE, depth=6, long_skip="concat", skip_scale=scale), std=0.3)
     assert len(model.long_skip_gates) == gates
     assert all(skip.scale == 1.0 for skip in model.long_skips.values())
     outputs, fused = _record(model)

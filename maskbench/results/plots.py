@@ -19,6 +19,7 @@ matplotlib.use("Agg")  # files only: no display on clusters or CI
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import SubFigure
+from matplotlib.ticker import NullFormatter
 
 from maskbench.results.leaderboard import Row
 from maskbench.results.stats import Summary, summarize
@@ -70,6 +71,7 @@ def _plot_group(subfig: SubFigure, group: tuple, records: list[Summary], colors:
         ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
     ax_flops.set_xscale("log")
+    ax_flops.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap within a decade
     handles = {label: handle for ax in (ax_hours, ax_flops)
                for handle, label in zip(*ax.get_legend_handles_labels())}
     ax_flops.legend(handles.values(), handles.keys(), fontsize="small")
