@@ -143,3 +143,19 @@ def test_the_loader_tokenizes_captions_off_the_training_step(synth_root):
     batch = next(iter(make_loader(synth_root / "train", batch_size=4, seed=0, shuffle_buffer=8, decode=decode)))
     ids, mask = tokenize(batch["caption"], 24)
     assert torch.equal(batch["txtids"], ids) and torch.equal(batch["txtmask"], mask)
+
+
+def test_compiled_training_matches_eager(tmp_path, synth_root, monkeypatch):
+    """train.compile=true trains through the torch.compile wrapper (an OptimizedModule, which has no truth
+    value); dynamo's eager backend stands in for inductor so the check costs seconds, not a C++ build."""
+    import functools
+
+    import torch
+
+    from maskbench.train import loop
+
+    monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
+    eager = _losses(_run(tmp_path / "eager", synth_root, "arm=mask75_then0"))
+    compiled = _losses(_run(tmp_path / "compiled", synth_root, "arm=mask75_then0", "train.compile=true"))
+    assert len(compiled) == len(eager) > 5
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
