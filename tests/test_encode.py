@@ -96,8 +96,8 @@ def test_two_processes_encode_disjoint_shards(tmp_path: Path, opts: EncodeOption
     """Under torchrun (gloo on CPU) each rank takes every other shard; the result equals one process."""
     (tmp_path / "child.py").write_text(CHILD)
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(tmp_path / "child.py"),
-         opts.text_model, str(shards), str(tmp_path / "lat2"), opts.vae, str(tmp_path)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",  # a free port
+         str(tmp_path / "child.py"), opts.text_model, str(shards), str(tmp_path / "lat2"), opts.vae, str(tmp_path)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert run.returncode == 0, run.stderr[-2000:]
