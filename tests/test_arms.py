@@ -39,7 +39,6 @@ def _inputs(model: DiT, size: int = 16) -> tuple[torch.Tensor, ...]:
     return x0, noise, t, ids, mask
 
 
-
 def _sample_mse(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, ids: torch.Tensor,
                 mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
     """B: each sample's unmasked velocity MSE, written out: x_t on the straight path, target v = noise - x0."""

@@ -26,7 +26,6 @@ def _model(image_size: int = IMAGE, **fields) -> DiT:
     return DiT(cfg, image_size, 3, cfg.text_width, SynthTextEncoder(cfg.text_width, cfg.text_depth, cfg.text_len))
 
 
-
 def _inputs(model: DiT, size: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(B, 3, size, size, generator=gen), torch.randn(B, 3, size, size, generator=gen)

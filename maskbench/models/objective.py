@@ -107,7 +107,8 @@ def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor
     """
     x_t = interpolate(x0, noise, t)                                                   # B×C×H×W
     target = model.patchify(noise - x0)                                               # B×L×P
-    pred = (model if forward is None else forward)(x_t, t, context, context_mask, keep_idx, drop_context)               # B×K×P, or B×L×P (decoder)
+    run = model if forward is None else forward  # not `forward or model`: a compiled module has no truth value
+    pred = run(x_t, t, context, context_mask, keep_idx, drop_context)               # B×K×P, or B×L×P (decoder)
     if keep_idx is None:
         return velocity_loss(pred, target)
     loss = velocity_loss(gather_tokens(pred, keep_idx, impl="torch") if model.cfg.decoder_depth else pred,

@@ -141,6 +141,7 @@ def plot_crossover(cells: Sequence[Cell], out_path: str | os.PathLike, title: st
 
     matplotlib.use("Agg")  # files only: no display on clusters or CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     if not cells:
         raise ValueError("no crossover cells: both arms need runs with the same seeds")
@@ -166,7 +167,7 @@ def plot_crossover(cells: Sequence[Cell], out_path: str | os.PathLike, title: st
     curves.axhline(1.0, color="k", lw=0.8)
     curves.set(xscale="log", yscale="log", xlabel="baseline train FLOPs at the horizon",
                ylabel="masked FLOPs to reach the baseline / baseline FLOPs")
-    curves.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labelled minor ticks overlap
+    curves.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap
     curves.legend(fontsize=8)
     fig.suptitle(title or "crossover map: masking's compute-to-target ratio")
     path = Path(out_path)
