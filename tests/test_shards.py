@@ -4,7 +4,10 @@ import hashlib
 import io
 import itertools
 import json
+import multiprocessing
+import os
 import pickle
+import signal
 import tarfile
 
 import numpy as np
@@ -213,6 +216,23 @@ def test_resume_gives_the_batches_of_an_uninterrupted_run(synth_train, num_worke
     assert [b["data_stats"] for b in resumed] == [b["data_stats"] for b in full[3:]]
     assert [b["data_stats"]["stream"] for b in full] == [i % max(num_workers, 1) for i in range(7)]
 
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_job_wide_stop_signal_leaves_the_workers_serving(synth_train, stop):
+    """Slurm's preemption, Ctrl-C or `pkill -f` signal the workers as well as the trainer; the workers
+    must keep serving batches so the trainer can finish its step and checkpoint (a dead worker fails
+    the trainer's next batch, before it can save)."""
+    expected = keys(take(make_loader(synth_train, **LOADER, num_workers=2), 5))
+    before = {child.pid for child in multiprocessing.active_children()}
+    batches = iter(make_loader(synth_train, **LOADER, num_workers=2))
+    first = [next(batches)["key"]]
+    workers = [child for child in multiprocessing.active_children() if child.pid not in before]
+    assert len(workers) == 2
+    for worker in workers:
+        os.kill(worker.pid, stop)
+    assert first + [next(batches)["key"] for _ in range(4)] == expected
+    assert all(worker.is_alive() for worker in workers)
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_corrupt_samples_are_skipped_and_counted(tmp_path, num_workers):

@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import signal
 import tarfile
 import warnings
 from collections import Counter
@@ -540,7 +541,21 @@ def make_loader(
         start_step=start_step, decode=decode,
         max_bad_fraction=max_bad_fraction, min_samples=min_samples, shuffle_buffer=shuffle_buffer,
     )
-    return ShardLoader(DataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory))
+    return ShardLoader(DataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
+                                  worker_init_fn=_ignore_stop_signals if num_workers else None))
+
+
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """Loader workers ignore SIGINT/SIGTERM: a stop is the training process's to handle.
+
+    Ctrl-C, `kill -- -PGID`, `pkill -f` and Slurm's scancel/preemption signal every process of the
+    job, workers included. A worker that died of it would make the trainer fail on its next batch
+    before it could save (torch raises "DataLoader worker ... killed by signal"), losing the run
+    since its last checkpoint; ignoring the signal lets the trainer finish its step, checkpoint and
+    shut the workers down itself. Workers still exit when the trainer does (torch's watchdog).
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def stream_shards(urls: list[str], rank: int, world_size: int) -> list[str]:

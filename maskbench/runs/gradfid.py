@@ -51,6 +51,7 @@ from maskbench.data.shards import make_loader
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
+from maskbench.models.presets import LEARNED_SKIP_SCALES, ModelConfig
 from maskbench.eval.decode import LatentDecoder, resolve_vae
 from maskbench.models.objective import demote, flow_loss
 from maskbench.results.stats import debiased_cosine, jackknife_se
@@ -88,14 +89,20 @@ def demote_route(ratio: float) -> Route:
     return Route(f"down{factor:g}" if factor.is_integer() else f"demote{ratio:g}", ratio=ratio)
 
 
-def routes_for(data: DatasetInfo, ratios: tuple[float, ...] | None = None) -> tuple[Route, ...]:
+def routes_for(data: DatasetInfo, model: ModelConfig, ratios: tuple[float, ...] | None = None) -> tuple[Route, ...]:
     """Every mask route, a demotion route per ratio, the self-floor and (latents) the round-trip control.
 
     Default ratios: ×2 on pixels; on latent shards the ratios they were encoded with (`--demote`),
-    since a demoted latent is the VAE's encoding of the resized image, not a resized latent.
+    since a demoted latent is the VAE's encoding of the resized image, not a resized latent. A model
+    with a learned skip gate has none by default: its gate is defined on the native token grid only
+    (training refuses demoted steps for it too), so asking for one is refused before any work.
     """
+    native_only = model.skip_scale in LEARNED_SKIP_SCALES
+    if ratios and native_only:
+        raise ConfigError(f"model.skip_scale={model.skip_scale}'s gate is defined on the native token grid: "
+                          "this run has no demotion routes to probe (drop --demote)")
     if ratios is None:
-        ratios = tuple(float(key) for key, _ in data.demoted) if data.latent else (0.5,)
+        ratios = () if native_only else tuple(float(key) for key, _ in data.demoted) if data.latent else (0.5,)
     return (*MASK_ROUTES, *map(demote_route, ratios), FLOOR, *((ROUNDTRIP,) if data.latent else ()))
 
 
@@ -197,7 +204,7 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
     cfg = load_run_config(run.root)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
-    routes = routes_for(data, ratios)
+    routes = routes_for(data, cfg.model, ratios)
     for route in routes:
         if route.ratio < 1:
             data.demoted_size(route.ratio, cfg.model.patch_size)  # refuses a ratio the latents lack, before work
