@@ -186,7 +186,6 @@ def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "batches >= 3" in capsys.readouterr().err
 
 
-
 def test_a_learned_gate_run_is_probed_on_its_native_grid_only(tmp_path, synth_root, capsys):
     """ScaleLong's LS gate exists only on the native token grid: the probe leaves demotion out by
     default (it failed mid-probe before) and refuses an explicit --demote before any work."""
@@ -195,6 +194,7 @@ def test_a_learned_gate_run_is_probed_on_its_native_grid_only(tmp_path, synth_ro
     assert [r["route"] for r in rows] == ["mask50", "mask75", "sprint75", "native2"]
     assert main(["probe", "gradfid", str(gated), "--batches", "3", "--demote", "0.5"]) == 2
     assert "native token grid" in capsys.readouterr().err
+
 
 def test_a_memory_cap_sums_batches_into_groups(run_dir, monkeypatch):
     """Under a cap that holds 3 gradient stacks, 6 batches go into 3 groups; the per-batch cosine is unchanged."""

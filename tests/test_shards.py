@@ -217,7 +217,6 @@ def test_resume_gives_the_batches_of_an_uninterrupted_run(synth_train, num_worke
     assert [b["data_stats"]["stream"] for b in full] == [i % max(num_workers, 1) for i in range(7)]
 
 
-
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_a_job_wide_stop_signal_leaves_the_workers_serving(synth_train, stop):
     """Slurm's preemption, Ctrl-C or `pkill -f` signal the workers as well as the trainer; the workers
@@ -233,6 +232,7 @@ def test_a_job_wide_stop_signal_leaves_the_workers_serving(synth_train, stop):
         os.kill(worker.pid, stop)
     assert first + [next(batches)["key"] for _ in range(4)] == expected
     assert all(worker.is_alive() for worker in workers)
+
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_corrupt_samples_are_skipped_and_counted(tmp_path, num_workers):

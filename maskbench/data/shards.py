@@ -550,7 +550,7 @@ def _ignore_stop_signals(_worker_id: int) -> None:
 
     Ctrl-C, `kill -- -PGID`, `pkill -f` and Slurm's scancel/preemption signal every process of the
     job, workers included. A worker that died of it would make the trainer fail on its next batch
-    before it could save (torch raises "DataLoader worker ... killed by signal"), losing the run
+    before it could save (torch raises "DataLoader worker ... exited unexpectedly"), losing the run
     since its last checkpoint; ignoring the signal lets the trainer finish its step, checkpoint and
     shut the workers down itself. Workers still exit when the trainer does (torch's watchdog).
     """

@@ -102,7 +102,7 @@ def routes_for(data: DatasetInfo, model: ModelConfig, ratios: tuple[float, ...] 
         raise ConfigError(f"model.skip_scale={model.skip_scale}'s gate is defined on the native token grid: "
                           "this run has no demotion routes to probe (drop --demote)")
     if ratios is None:
-        ratios = () if native_only else tuple(float(key) for key, _ in data.demoted) if data.latent else (0.5,)
+        ratios = () if native_only else (tuple(float(key) for key, _ in data.demoted) if data.latent else (0.5,))
     return (*MASK_ROUTES, *map(demote_route, ratios), FLOOR, *((ROUNDTRIP,) if data.latent else ()))
 
 
