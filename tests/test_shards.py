@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
@@ -232,6 +234,40 @@ def test_a_job_wide_stop_signal_leaves_the_workers_serving(synth_train, stop):
         os.kill(worker.pid, stop)
     assert first + [next(batches)["key"] for _ in range(4)] == expected
     assert all(worker.is_alive() for worker in workers)
+
+
+EXIT_WITH_LIVE_WORKERS = """
+import multiprocessing, sys
+from maskbench.data.shards import make_loader
+
+LIVE = []
+
+
+def train():
+    LIVE.append(iter(make_loader(sys.argv[1], batch_size=4, seed=0, shuffle_buffer=16, num_workers=2)))
+    next(LIVE[0])  # then exit with the iterator, and so its workers, still alive
+
+if __name__ == "__main__":
+    if sys.argv[2] == "main":
+        train()
+    else:
+        child = multiprocessing.Process(target=train)
+        child.start()
+        child.join()
+        sys.exit(child.exitcode)
+"""
+
+
+@pytest.mark.parametrize("trainer", ["main", "child"])
+def test_a_trainer_exits_promptly_with_its_workers_still_alive(synth_train, tmp_path, trainer):
+    """At exit, multiprocessing SIGTERMs the workers and joins them: workers that ignored SIGTERM for a
+    job-wide stop must still end then, in the main process or a trainer run in a child process."""
+    script = tmp_path / "exit_with_live_workers.py"
+    script.write_text(EXIT_WITH_LIVE_WORKERS)
+    done = subprocess.run([sys.executable, str(script), str(synth_train), trainer],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "killed by signal" not in done.stderr and "Exception ignored" not in done.stderr
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

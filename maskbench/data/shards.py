@@ -16,6 +16,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import multiprocessing
+import multiprocessing.synchronize
+import multiprocessing.util
 import os
 import signal
 import tarfile
@@ -24,6 +27,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -541,21 +545,44 @@ def make_loader(
         start_step=start_step, decode=decode,
         max_bad_fraction=max_bad_fraction, min_samples=min_samples, shuffle_buffer=shuffle_buffer,
     )
+    worker_init = partial(_defer_stop_signals, _exiting_event(os.getpid())) if num_workers else None
     return ShardLoader(DataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                                  worker_init_fn=_ignore_stop_signals if num_workers else None))
+                                  worker_init_fn=worker_init))
 
 
-def _ignore_stop_signals(_worker_id: int) -> None:
-    """Loader workers ignore SIGINT/SIGTERM: a stop is the training process's to handle.
+@cache
+def _exiting_event(pid: int) -> multiprocessing.synchronize.Event:
+    """An event process `pid` (a trainer) sets as it exits, shared with its loader workers.
+
+    When a process exits, multiprocessing SIGTERMs its daemonic children (DataLoader workers) and
+    joins them; a worker that ignored that SIGTERM would make the exit wait forever. multiprocessing
+    runs its finalizers of non-negative exit priority just before it signals the children, so this
+    one tells the workers in time. Keyed by pid: a forked child that trains has its own exit.
+    """
+    event = multiprocessing.Event()
+    multiprocessing.util.Finalize(None, event.set, exitpriority=0)
+    return event
+
+
+def _defer_stop_signals(parent_exiting: multiprocessing.synchronize.Event, _worker_id: int) -> None:
+    """Loader workers leave a job-wide stop to the training process, and exit with it.
 
     Ctrl-C, `kill -- -PGID`, `pkill -f` and Slurm's scancel/preemption signal every process of the
     job, workers included. A worker that died of it would make the trainer fail on its next batch
     before it could save (torch raises "DataLoader worker ... exited unexpectedly"), losing the run
-    since its last checkpoint; ignoring the signal lets the trainer finish its step, checkpoint and
-    shut the workers down itself. Workers still exit when the trainer does (torch's watchdog).
+    since its last checkpoint. So workers ignore SIGINT and ignore SIGTERM until the training process
+    is exiting (`_exiting_event`); then SIGTERM ends them. A trainer killed outright is noticed by
+    torch's watchdog in each worker.
     """
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, partial(_end_if_parent_exiting, parent_exiting))
+
+
+def _end_if_parent_exiting(parent_exiting: multiprocessing.synchronize.Event, _signum: int, _frame: Any) -> None:
+    """Exit cleanly (status 0) when the exiting trainer asks: a worker dead of a signal would make
+    torch's SIGCHLD handler raise in the trainer's exit path ("worker is killed by signal")."""
+    if parent_exiting.is_set():
+        os._exit(0)  # nothing to flush: the trainer owns the queues, and it is going away
 
 
 def stream_shards(urls: list[str], rank: int, world_size: int) -> list[str]:
