@@ -9,7 +9,8 @@ Three formats, each generated here so the benchmark needs no download:
 Each loader run reports its start-up (first_batch_s: worker spawn and shuffle-buffer fill) apart
 from its steady rate (samples_per_s over the batches after the first), and sets that rate beside the
 default run's training consumption (batch 64 / --step-seconds): a loader slower than the trainer
-stalls it. Also times a png resume, whose start-up replays (reads and decodes) the skipped batches.
+stalls it. Also times a png resume at step --batches, whose start-up seeks to the saved position
+(reading at most one shuffle block and the start of its shard, decoding one batch).
 Prints a table and writes results/loader.csv; the shards go to a temp dir unless --data keeps them.
 
     python benchmarks/loader.py [--data DIR] [--batches 100] [--max-seconds 8] [--step-seconds 0.156]
@@ -152,16 +153,16 @@ def raw_tar_read(shard_dir: Path) -> tuple[int, float]:
 
 
 def loader_read(shard_dir: Path, decode: Callable[[dict], dict], batch_size: int, num_workers: int,
-                max_batches: int, max_seconds: float, start_step: int = 0) -> tuple[float, int, float]:
+                max_batches: int, max_seconds: float, resume: dict | None = None) -> tuple[float, int, float]:
     """Seconds to the first batch, then the batches drawn after it and their seconds.
 
-    The first batch carries the start-up (worker spawn, each stream filling its shuffle buffer, a
-    resume's replay); the batches after it give the steady rate a trainer sees, drawn until
-    `max_batches` in all or `max_seconds`, so slow formats still finish in bounded time.
+    The first batch carries the start-up (worker spawn, each stream reading its first shuffle block,
+    a resume's seek to `resume`); the batches after it give the steady rate a trainer sees, drawn
+    until `max_batches` in all or `max_seconds`, so slow formats still finish in bounded time.
     """
     start = time.perf_counter()
     batches = iter(make_loader(shard_dir, batch_size=batch_size, seed=0, num_workers=num_workers,
-                               start_step=start_step, decode=decode))
+                               start_step=resume["step"] if resume else 0, resume=resume, decode=decode))
     next(batches)
     first = time.perf_counter()
     drawn = 0
@@ -193,11 +194,14 @@ def measure(args: argparse.Namespace, data: Path, trainer_rate: float) -> list[d
         for workers in args.workers:
             first, drawn, seconds = loader_read(shard_dir, decode, args.batch_size, workers, args.batches, args.max_seconds)
             rows.append(row(fmt, "make_loader", workers, args.batch_size, first, drawn * args.batch_size, seconds, trainer_rate))
-    # Resume at step = batches: the first batch arrives only after replaying `batches` of them.
+    # Resume at step = batches from the state saved there: the first batch's time is the seek's.
     png_dir, decode = formats["png"]
-    first, _, _ = loader_read(png_dir, decode, args.batch_size, 0, 1, 0.0, start_step=args.batches)
-    replayed = (args.batches + 1) * args.batch_size
-    rows.append(row("png", f"resume_to_step_{args.batches}", 0, args.batch_size, first, replayed, first, trainer_rate))
+    loader = make_loader(png_dir, batch_size=args.batch_size, seed=0, decode=decode)
+    for _ in zip(range(args.batches), loader):
+        pass
+    first, _, _ = loader_read(png_dir, decode, args.batch_size, 0, 1, 0.0, resume=loader.state_dict())
+    rows.append(row("png", f"resume_to_step_{args.batches}", 0, args.batch_size, first, args.batch_size, first,
+                    trainer_rate))
     return rows
 
 

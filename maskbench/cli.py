@@ -189,7 +189,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if not paths:
         return fail("no CSV given and no results/leaderboard.csv here; run `maskbench run` first")
     return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error, args.mlperf,
-                            args.crossover)
+                            args.crossover, args.plan)
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
@@ -306,25 +306,32 @@ def add_eval(evaluate: argparse.ArgumentParser) -> None:
 def add_leaderboard(board: argparse.ArgumentParser) -> None:
     board.description = ("Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and summarise each "
                          "(dataset, model, budget) group per arm and eval point (mean ± 95% CI over seeds), then "
-                         "compare each arm with the baseline at the final point: the difference with its paired "
-                         "t-interval and bootstrap interval, p, the minimum detectable effect (80% power), a "
-                         "verdict that claims no more than the interval (better / worse / no difference "
-                         "detected), and per-seed ratios of FLOPs and device-hours to the baseline's final value.")
+                         "compare each arm with the baseline on FD and validation loss side by side (co-primary): "
+                         "at the final point the difference with its paired t-interval and bootstrap interval, p, "
+                         "the minimum detectable effect (80% power), a verdict that claims no more than the "
+                         "interval (better / worse / no difference detected); at each of the baseline's horizons "
+                         "the per-seed ratios of FLOPs and device-hours to reach the baseline's value there, read "
+                         "off monotone fits of each run's curve; and where the two metrics disagree. A study's "
+                         "PLAN.md beside the CSV (or --plan) sets the primary metrics, baseline, alpha, the "
+                         "multiplicity correction and what pays; without one every reading is exploratory.")
     board.add_argument("csvs", nargs="*", metavar="CSV",
                        help="leaderboard CSVs (default: results/leaderboard.csv and results/reference.csv)")
     board.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
     board.add_argument("--plot", metavar="PNG", help="write FID vs GPU-hours and FID vs FLOPs plots here")
-    board.add_argument("--baseline", default="mask0",
+    board.add_argument("--baseline",
                        help="arm the others are compared to: paired by seed where every seed has a partner, "
-                            "Welch's unpaired test otherwise (default mask0)")
+                            "Welch's unpaired test otherwise (default: the plan's, else mask0)")
+    board.add_argument("--plan", metavar="FILE",
+                       help="the study's analysis plan (a PLAN.md: YAML front matter between --- lines) "
+                            "(default: PLAN.md beside the CSVs, if any)")
     board.add_argument("--mlperf", action="store_true",
                        help="MLPerf-style scores instead: olympic mean of device-hours to the baseline's "
                             "worst final value over >= 10 runs per arm, and the RCP rule on FLOPs")
     board.add_argument("--crossover", metavar="ARM",
                        help="the crossover map instead: per (model, batch size, eval point of the baseline), the "
-                            "FLOPs ARM needs to reach the baseline's value there over the baseline's, per seed, "
-                            "geometric mean and 95%% CI; --plot draws it as a heatmap and curves (single-phase "
-                            "arms: an eval point of a two-phase arm is not a shorter run)")
+                            "FLOPs ARM needs to reach the baseline's value there over the baseline's, per seed, on "
+                            "FD and validation loss, geometric mean and 95%% CI; --plot draws FD's as a heatmap and "
+                            "curves (single-phase arms: an eval point of a two-phase arm is not a shorter run)")
     board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.set_defaults(func=cmd_leaderboard)
@@ -390,7 +397,8 @@ COMMANDS = {  # name -> (one-line help, the function that adds its arguments and
     "leaderboard": ("compare arms: mean ± 95%% CI per eval point, paired comparisons with verdicts, "
                     "compute-to-target, plots (--mlperf: MLPerf-style scores)",
                     add_leaderboard),
-    "repro": ("reproducibility checks of a run: rerun, resume, metrics, environment (PASS/FAIL)", add_repro),
+    "repro": ("reproducibility checks of a run: rerun, resume, metrics, environment, digests (PASS/FAIL)",
+              add_repro),
     "probe": ("diagnostic probes of a trained run (gradfid: does masking keep the gradient's direction, per "
               "noise level?)", add_probe),
     "bench": ("device figures: `maskbench bench peak` measures the GEMM peak (MFU's denominator on devices "

@@ -32,7 +32,7 @@ CONFIG_GROUPS = ("model", "data", "eval")  # Hydra groups a `key=option` overrid
 
 
 # The string options, validated by OmegaConf (a value outside the list is refused with the list).
-Schedule = StrEnum("Schedule", "constant cosine")            # the LR schedule after the linear warm-up
+LRSchedule = StrEnum("LRSchedule", "wsd constant cosine")    # the LR schedule after the linear warm-up
 Precision = StrEnum("Precision", "auto no bf16 fp16")         # auto: bf16 on GPUs, fp32 (no) on CPU
 Attention = StrEnum("Attention", "auto math")                 # auto: SDPA picks flash / memory-efficient kernels
 Tracker = StrEnum("Tracker", "none tensorboard wandb")        # experiment tracking (maskbench.train.tracking)
@@ -105,6 +105,7 @@ class DataConfig:
 class EvalConfig:
     points: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
     n_samples: int = 256           # generated images per eval point (the first N held-out prompts)
+    final_n_samples: Optional[int] = None  # generated images at the final point (1.0); None = n_samples
     sampler_steps: int = 20        # Euler steps of the rectified-flow ODE
     cfg_scale: float = 2.5
     noise_seed: int = 1234         # fixed noise per prompt index, shared by every arm and seed
@@ -119,6 +120,7 @@ class EvalConfig:
     vae: Optional[str] = None                # latent data: VAE folder in place of the one the manifest records
     dinov2_weights: Optional[str] = None     # local timm DINOv2 weights file: adds FD-DINOv2 (real data)
     dinov2_model: str = "vit_large_patch14_dinov2.lvd142m"  # the timm architecture of those weights
+    bootstrap_resamples: int = 100  # resamples of the generated samples for the FD and CLIP errors; 0 = none
 
 
 @dataclass
@@ -140,7 +142,8 @@ class DemoteRoute:
 class TrainConfig:
     batch_size: int = 64           # global batch (all processes)
     lr: float = 1e-3
-    schedule: Schedule = Schedule.constant
+    schedule: LRSchedule = LRSchedule.wsd  # wsd: every eval point is a cooled horizon (`maskbench.train.schedule`)
+    decay_fraction: float = 0.2    # wsd: the LR decays (1 - sqrt) over the last this much of each horizon's FLOPs
     warmup_steps: int = 50
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -198,6 +201,7 @@ _HASHED_WHEN_SET = {
     "model.long_skip", "model.skip_scale", "model.skip_kappa", "model.decoder_depth",
     "train.mae_weight", "train.downscale_window", "train.downscale_factor", "train.demote_routes",
     "train.demote_gate", "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
+    "eval.final_n_samples", "eval.bootstrap_resamples",
 }
 # The same for the fields of each phase (a list element, so not a dotted name above).
 _PHASE_HASHED_WHEN_SET = {"trainable", "until"}
@@ -400,6 +404,7 @@ def _validate_ranges(cfg: RunConfig) -> None:
             why = " (a Fréchet distance needs two samples)" if name == "eval.n_samples" else ""
             raise ConfigError(f"{name} must be at least {low}{why}, got {value}")
     fractions = {"train.ema_decay": (train.ema_decay, True), "train.caption_dropout": (train.caption_dropout, False),
+                 "train.decay_fraction": (train.decay_fraction, True),
                  "data.max_bad_fraction": (cfg.data.max_bad_fraction, False)}
     for name, (value, open_top) in fractions.items():
         if not (0.0 <= value < 1.0 if open_top else 0.0 <= value <= 1.0):
@@ -440,6 +445,10 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
                           "loss: give init_from=RUN_DIR")
     if until.skip_norm_growth_below is not None and cfg.model.long_skip == "none":
         raise ConfigError(f"arm {name!r}: until.skip_norm_growth_below watches the long-skip layers: set model.long_skip")
+    if cfg.train.schedule == LRSchedule.wsd and any(point < 1.0 for point in cfg.eval.points):
+        raise ConfigError(f"arm {name!r}: a phase that ends by a rule (`until`) gives each horizon a run that leaves "
+                          "the trunk where the rule fires, so its eval points cannot be cooled branches: set "
+                          "train.schedule=constant (un-annealed snapshots) or eval.points=[1.0]")
 
 
 def _validate_techniques(cfg: RunConfig) -> None:
@@ -516,8 +525,14 @@ def _lookup(tree: dict, dotted: str) -> object:
     return tree
 
 
+# How a step's random draws are keyed (`maskbench.train.schedule.step_generator`). Hashed into every run
+# id: runs trained under an older scheme drew differently, so a new run must not resume one of them.
+DRAW_SCHEME = "crn-v1"
+
+
 def config_hash(cfg: RunConfig) -> str:
-    """sha256 of the fields that change results (paths, worker counts, kernel choice excluded).
+    """sha256 of the fields that change results (paths, worker counts, kernel choice excluded), and of
+    the draw scheme.
 
     init_from is hashed as the source's run id and point, not its path: the same source moved or named
     by a relative path is the same start."""
@@ -530,6 +545,7 @@ def config_hash(cfg: RunConfig) -> str:
                                  for phase in relevant["arm"]["phases"]]
     if cfg.init_from is not None:
         relevant["init_from"] = source_label(cfg.init_from)
+    relevant["draws"] = DRAW_SCHEME
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 
 

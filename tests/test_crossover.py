@@ -6,8 +6,10 @@ import pytest
 import scipy.stats
 from PIL import Image
 
-from maskbench.results.crossover import crossover_cells, plot_crossover, render_cells
+from maskbench.results.crossover import (correct_cells, crossover_cells, crossover_figure, plot_crossover,
+                                        render_cells)
 from maskbench.results.leaderboard import COLUMNS
+from maskbench.results.stats import Family, ratio_verdict
 
 BUDGET = 1e12
 
@@ -28,23 +30,40 @@ def test_ratio_is_the_interpolated_flops_to_the_baseline_value_per_seed() -> Non
     (cell,) = crossover_cells(rows)
     logs = [math.log(0.75), math.log(0.625)]
     half = scipy.stats.t.ppf(0.975, 1) * scipy.stats.sem(logs)
-    assert cell.n == 2 and cell.bound == ""
-    assert cell.ratio == pytest.approx(math.sqrt(0.75 * 0.625))
-    assert cell.ratio_ci == pytest.approx((math.exp(sum(logs) / 2 - half), math.exp(sum(logs) / 2 + half)))
-    assert cell.difference.test == "paired" and cell.difference.mean == pytest.approx(((80 - 100) + (80 - 110)) / 2)
-    assert cell.pays is None  # df = 1: the interval straddles 1
+    reading = cell.readings["fid"]
+    assert cell.n == 2 and reading.ratio.bound == "" and list(cell.readings) == ["fid"]  # these rows have no val loss
+    assert reading.ratio.geomean == pytest.approx(math.sqrt(0.75 * 0.625))
+    assert (reading.ratio.lo, reading.ratio.hi) == pytest.approx((math.exp(sum(logs) / 2 - half),
+                                                                  math.exp(sum(logs) / 2 + half)))
+    assert reading.difference.test == "paired"
+    assert reading.difference.mean == pytest.approx(((80 - 100) + (80 - 110)) / 2)
+    assert ratio_verdict(reading.ratio, 0.05) == "undecided"  # df = 1: the interval straddles 1
 
 
-def test_unreached_target_is_a_lower_bound_and_means_masking_does_not_pay() -> None:
-    rows = [row("mask0", 0, 1.0, 50.0), row("mask75", 0, 0.5, 90.0), row("mask75", 0, 1.0, 60.0)]
+def test_an_unreached_target_is_a_lower_bound_above_1_and_no_verdict() -> None:
+    """mask75 ends at 60 at twice mask0's FLOPs, above mask0's 50: ratio > 2, but untested, so it neither
+    pays nor does not pay; the cell's combined reading is undecided and the metrics agree (nothing decided)."""
+    rows = [row("mask0", 0, 0.5, 50.0, val_loss=0.5), row("mask75", 0, 0.5, 90.0, val_loss=0.6),
+            row("mask75", 0, 1.0, 60.0, val_loss=0.55)]
     (cell,) = crossover_cells(rows)
-    assert cell.bound == ">" and cell.ratio == pytest.approx(1.0) and cell.pays is False
+    ratio = cell.readings["fid"].ratio
+    assert ratio.bound == ">" and ratio.geomean == pytest.approx(2.0)
+    assert ratio_verdict(ratio, 0.05) == "not reached (1/1)"
+    line = render_cells([cell]).splitlines()[2]
+    assert line.count("| not reached (1/1) |") == 2 and line.endswith("| undecided | agree | exploratory |")
 
 
-def test_target_met_at_the_first_point_is_an_upper_bound() -> None:
-    rows = [row("mask0", 0, 1.0, 50.0), row("mask75", 0, 0.25, 40.0), row("mask75", 0, 1.0, 30.0)]
+def test_a_target_met_at_the_first_point_is_an_upper_bound_below_1_and_no_verdict() -> None:
+    """Both metrics reached at mask75's first point, a quarter of mask0's FLOPs: <= 0.25 on each, which
+    does not pay either: the combined reading stays undecided."""
+    rows = [row("mask0", 0, 1.0, 50.0, val_loss=0.5), row("mask75", 0, 0.25, 40.0, val_loss=0.4),
+            row("mask75", 0, 1.0, 30.0, val_loss=0.3)]
     (cell,) = crossover_cells(rows)
-    assert cell.bound == "<=" and cell.ratio == pytest.approx(0.25) and cell.pays is None
+    for reading in cell.readings.values():
+        assert reading.ratio.bound == "<=" and reading.ratio.geomean == pytest.approx(0.25)
+        assert ratio_verdict(reading.ratio, 0.05) == "reached at first point"
+    line = render_cells([cell]).splitlines()[2]
+    assert line.count("| reached at first point |") == 2 and line.endswith("| undecided | agree | exploratory |")
 
 
 def test_cells_split_by_model_and_batch_and_need_both_arms_per_seed() -> None:
@@ -58,13 +77,34 @@ def test_cells_split_by_model_and_batch_and_need_both_arms_per_seed() -> None:
     assert all(c.n == 3 for c in cells)
     assert [c.model for c in cells][:4] == ["micro_xs"] * 4  # smallest model first
     assert "| micro_s | 2 | 128 | 1 |" in render_cells(cells)
-    assert all(c.difference.verdict == "better" for c in cells)  # mask75 is lower by 10·p at every seed
+    assert all(c.readings["fid"].difference.verdict == "better" for c in cells)  # lower by 10·p at every seed
 
 
-def test_plot_writes_a_heatmap_and_curves(tmp_path) -> None:
-    rows = [row(arm, seed, p, 100.0 - 30 * p * (1 + (arm == "mask75")) - seed, batch=b)
+def val_loss(arm: str, seed: int, point: float, batch: int) -> float:
+    """mask0 falls from 1; mask75 falls 1.5 times as fast at batch 32 but stays above mask0 at batch 128."""
+    if arm == "mask75" and batch == 128:
+        return 1.5 - 0.01 * point
+    return 1.0 - 0.3 * point * (1 + 0.5 * (arm == "mask75")) - 0.01 * seed
+
+
+def test_plot_draws_a_row_per_metric_with_bounds_hatched_not_coloured(tmp_path) -> None:
+    """At horizon 0.25 mask75 is already there at its first point (an upper bound) on both metrics; at
+    batch 128 it never reaches mask0's val loss (lower bounds). Neither kind is coloured as a value."""
+    rows = [row(arm, seed, p, 100.0 - 30 * p * (1 + 0.5 * (arm == "mask75")) - seed, batch=b,
+                val_loss=val_loss(arm, seed, p, b))
             for arm in ("mask0", "mask75") for seed in range(2) for p in (0.25, 0.5, 1.0) for b in (32, 128)]
-    path = plot_crossover(crossover_cells(rows), tmp_path / "map.png")
+    cells = crossover_cells(rows)
+    figure = crossover_figure(cells)
+    heatmaps = [ax for ax in figure.axes if ax.images]
+    assert [ax.get_title().split(":")[0] for ax in heatmaps] == ["FD", "val loss"]
+    fd, loss = (ax.images[0].get_array().mask for ax in heatmaps)  # (rows b32, b128; horizons 0.25, 0.5, 1)
+    assert fd.tolist() == [[True, False, False]] * 2
+    assert loss.tolist() == [[True, False, False], [True, True, True]]
+    assert sum(text.get_text().startswith(">") for text in heatmaps[1].texts) == 3
+    assert sum(bool(patch.get_hatch()) for patch in heatmaps[1].patches) == 4
+    curves = [ax.get_title().split(":")[0] for ax in figure.axes if ax.get_xscale() == "log"]
+    assert curves == ["FD", "val loss"]
+    path = plot_crossover(cells, tmp_path / "map.png")
     assert Image.open(path).size[0] > 600
 
 
@@ -85,3 +125,28 @@ def test_leaderboard_crossover_prints_and_draws_the_map(tmp_path, capsys) -> Non
     assert out.count("| micro_s | 2 | 64 |") == 2 and (tmp_path / "map.png").is_file()
     assert leaderboard_main([str(csv_path)], crossover="sprint75") == 1
     assert "no crossover cells" in capsys.readouterr().err
+
+
+def test_the_map_reads_val_loss_beside_fd_and_marks_disagreement(capsys) -> None:
+    """mask75 reaches mask0's FD at 0.75 of the FLOPs on both seeds (pays on FD); its val loss is worse (never
+    reaches mask0's). The map shows both and marks the split; nothing pays without both."""
+    rows = []
+    for seed in range(3):
+        rows += [row("mask0", seed, 0.5, 200.0 + seed, val_loss=0.60),
+                 row("mask0", seed, 1.0, 100.0 + seed, val_loss=0.50),
+                 row("mask75", seed, 0.5, 150.0 + seed + 2 * (seed == 1), val_loss=0.70),
+                 row("mask75", seed, 1.0, 90.0 + seed, val_loss=0.65)]
+    cells = crossover_cells(rows)
+    final = cells[-1]
+    assert list(final.readings) == ["fid", "val_loss"]
+    assert ratio_verdict(final.readings["fid"].ratio, 0.05) == "pays"
+    assert ratio_verdict(final.readings["val_loss"].ratio, 0.05) == "not reached (3/3)"  # a lower bound of 1
+    assert final.readings["val_loss"].difference.verdict == "worse"
+    table = render_cells(cells)
+    assert "| val loss FLOPs ratio (95% CI) |" in table.splitlines()[0]
+    assert table.splitlines()[-3].endswith("| undecided | disagree (ratio, Δ) | exploratory |")
+    # Under a plan's Holm correction across its tests, p adj is what the verdict reads.
+    corrected, tests = correct_cells(cells, Family(("fid", "val_loss"), method="holm"))
+    assert tests == sum(1 for c in cells for r in c.readings.values() for p in (r.ratio.p, r.difference.p)
+                        if not math.isnan(p))
+    assert corrected[-1].readings["fid"].ratio.p_adj >= cells[-1].readings["fid"].ratio.p

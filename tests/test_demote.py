@@ -18,7 +18,7 @@ from maskbench.models import objective
 from maskbench.models.build import build_model
 from maskbench.models.objective import demote, route_choice, windowed_flow_loss
 from maskbench.train.loop import Trainer
-from maskbench.train.schedule import batch_step_flops, downscaled_count, make_schedule, step_generators
+from maskbench.train.schedule import batch_step_flops, downscaled_count, make_schedule, step_generator
 from tests.conftest import randomized, tiny_overrides
 from tests.test_arms import _inputs, _model, _sample_mse
 
@@ -104,7 +104,7 @@ def test_planned_step_flops_equal_the_flop_counter_on_the_demoted_batches(tmp_pa
     routes, seen = demote_routes(cfg.train), set()
     ids, mask = model.text_encoder.tokenize(["a red circle"] * 4)
     for step in range(6):
-        gen = step_generators(cfg.seed, 0, step, torch.device("cpu"))[0]
+        gen = step_generator(cfg.seed, 0, step, "t")
         t = objective.sample_t(4, gen, torch.device("cpu"))
         counts = downscaled_count(cfg, 1, step)
         seen |= {i for i, n in enumerate(counts) if n}

@@ -26,7 +26,7 @@ from maskbench.train.loop import Trainer, batch_digest
 from tests.conftest import tiny_overrides
 
 LOSS_RTOL = 1e-5   # float32 summation order; observed bit-identical on CPU
-ARM = ("arm=mask75_then0", "budget.flops=1.2e9", "data.shuffle_buffer=32")
+ARM = ("arm=mask75_then0", "budget.flops=1.4e9", "data.shuffle_buffer=32")
 
 
 def _metrics(run_dir: Path) -> list[dict]:

@@ -15,13 +15,20 @@ from tests.conftest import tiny_overrides
 
 
 def test_reevaluating_a_point_reproduces_its_metrics_and_appends_a_row(tmp_path, synth_root, capsys):
-    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0")))
+    """Each metric's sampling error is recorded beside it (and reproduced), and the final point samples
+    eval.final_n_samples prompts, in training and in re-evaluation alike."""
+    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.final_n_samples=12")))
     assert main(["eval", str(run_dir), "--point", "1"]) == 0
     assert "point 1 (step" in capsys.readouterr().out
-    first, again = [r for r in map(json.loads, (run_dir / "eval.jsonl").read_text().splitlines()) if r["point"] == 1]
-    for metric in ("val_loss", "fid", "align_acc", "step", "train_flops", "mfu"):
+    records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    first, again = [r for r in records if r["point"] == 1]
+    errors = ("val_loss_se", "fid_se", "align_acc_se")
+    for metric in ("val_loss", "fid", "align_acc", "step", "train_flops", "mfu", *errors, "fid_ci"):
         assert again[metric] == first[metric], metric
-    assert len(read_rows([tmp_path / "leaderboard.csv"])) == 3   # 2 points trained + 1 re-evaluated
+    assert [r["fid_n"] for r in records] == [8, 12, 12] and len(first["fid_ci"]) == 2
+    rows = read_rows([tmp_path / "leaderboard.csv"])
+    assert len(rows) == 3   # 2 points trained + 1 re-evaluated
+    assert all(row[name] is not None for row in rows for name in errors)
 
 
 def test_eval_of_a_missing_point_or_key_is_refused(tmp_path, synth_root, capsys):
@@ -34,6 +41,9 @@ def test_eval_of_a_missing_point_or_key_is_refused(tmp_path, synth_root, capsys)
 
 @pytest.mark.parametrize("case, expected", [
     ("too_many", "eval.n_samples=100 / eval.val_samples=16 exceed the 64 held-out prompts"),
+    ("final_too_many", "eval.n_samples=8 / eval.final_n_samples=100 / eval.val_samples=16 exceed the 64 held-out"),
+    ("final_one", "eval.final_n_samples must be at least 2"),
+    ("one_resample", "eval.bootstrap_resamples must be 0 (no bootstrap errors) or at least 2"),
     ("no_weights", "Inception weights not found at"),
     ("bad_weights", "are not a TorchScript file"),
     ("no_stats", "no reference statistics at"),
@@ -44,6 +54,9 @@ def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, capsys, ca
     standin = standins.write_inception(tmp_path / "standin-inception.pt")
     extra = {
         "too_many": ["eval.n_samples=100"],
+        "final_too_many": ["eval.final_n_samples=100"],
+        "final_one": ["eval.final_n_samples=1"],
+        "one_resample": ["eval.bootstrap_resamples=1"],
         # the synth shards under another name: real-data evaluation (Inception FID) applies
         "no_weights": ["data.name=photos", f"eval.inception_weights={tmp_path / 'missing.pt'}"],
         "bad_weights": ["data.name=photos", f"eval.inception_weights={weights}"],

@@ -45,7 +45,7 @@ def run_overrides(tmp_path: Path, root: Path, *extra: str) -> list[str]:
     return [
         f"paths.runs={tmp_path / 'runs'}", f"paths.leaderboard={tmp_path / 'lb.csv'}", f"data.path={root}",
         "data.name=brushdata", "model.patch_size=2", "model.width=32", "model.depth=1", "model.heads=2",
-        "train.batch_size=2", "budget.flops=2e8", "eval.points=[0.5,1.0]", "eval.n_samples=4", "eval.val_samples=4",
+        "train.batch_size=2", "budget.flops=3.5e8", "eval.points=[0.5,1.0]", "eval.n_samples=4", "eval.val_samples=4",
         "eval.sampler_steps=2", "eval.grid_size=4", "data.shuffle_buffer=4", *extra,
     ]
 

@@ -10,7 +10,8 @@ from filelock import FileLock
 
 from maskbench.results import leaderboard
 from maskbench.results.leaderboard import COLUMNS, append_rows, read_rows
-from maskbench.results.report import leaderboard_main
+from maskbench.cli import main as cli_main
+from maskbench.results.report import leaderboard_main, load_plan
 
 REPO = Path(__file__).resolve().parents[1]
 N_PROCESSES, ROWS_EACH, BATCH = 8, 50, 10
@@ -195,3 +196,114 @@ def test_a_csv_written_before_the_added_columns_reads_and_takes_new_rows(tmp_pat
     rows = read_rows([path], on_error="abort")
     assert [(r["run_id"], r["fid"], r["fd_dinov2"], r["fid_ref"]) for r in rows] == [
         ("r0", 9.5, None, None), ("r1", 8.0, 120.5, "32px-n6-abcd1234")]
+
+
+# ------------------------------------------------------------------------------------ a study's plan
+PLAN = {"study": "demo", "written": "2026-06-01T00:00:00+00:00", "primary_metrics": "[fid, val_loss]",
+        "baseline": "mask0", "targets": "baseline horizons", "test": "paired t over seeds", "alpha": "0.05",
+        "correction": "holm", "pays": "\n  ratio: flops\n  interval: below 1\n  metrics: all primary"}
+
+
+def write_plan(folder: Path, body: str = "# the plan\n", **changes: str | None) -> Path:
+    """A PLAN.md from PLAN with some keys changed (None: left out)."""
+    keys = {**PLAN, **changes}
+    front = "".join(f"{key}: {value}\n" for key, value in keys.items() if value is not None)
+    path = folder / "PLAN.md"
+    path.write_text(f"---\n{front}---\n{body}", encoding="utf-8")
+    return path
+
+
+def paired_lines(out: list[str]) -> list[str]:
+    """The comparison table's lines (one per arm and metric) of a printed summary."""
+    return [line for line in out if line.startswith("synth") and "  paired  " in line]
+
+
+@pytest.fixture
+def study(tmp_path) -> Path:
+    """results/<study>/leaderboard.csv: mask0 and mask75, 3 seeds, points 0.5 and 1, FD and val loss, written
+    2026-03-01. mask75 starts worse and ends better, so every horizon's ratio is a value (no bound)."""
+    folder = tmp_path / "study"
+    rows = [measured(f"{arm}-s{seed}", arm=arm, seed=seed, point=point, train_flops=point * 1e12, gpu_hours=point,
+                     fid=fid, val_loss=fid / 1000, fid_features="oracle-synth-v1",
+                     created_at="2026-03-01T12:00:00+00:00")
+            for seed in range(3)
+            for arm, curve in (("mask0", ((0.5, 300.0 + seed), (1.0, 200.0 + seed))),
+                               ("mask75", ((0.5, 320.0 + 2 * seed), (1.0, 180.0 + 3 * seed))))
+            for point, fid in curve]
+    append_rows(folder / "leaderboard.csv", rows)
+    return folder
+
+
+def test_without_a_plan_every_reading_is_exploratory(study, capsys):
+    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("no plan: exploratory")
+    comparisons = paired_lines(out)
+    assert len(comparisons) == 2 and all(line.endswith("exploratory") for line in comparisons)
+
+
+def test_the_plan_beside_the_csv_is_applied_and_rows_before_it_explore(study, capsys):
+    write_plan(study)  # written 2026-06-01, after the rows
+    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # per metric: the final difference and the FLOPs ratios at horizons 0.5 and 1 -> 6 tests
+    assert out[0].startswith(f"plan {study / 'PLAN.md'} (demo): primary fid, val_loss; baseline mask0; "
+                             "paired t over seeds, alpha 0.05; holm across the 6 tests it reads")
+    assert "after 12 of these 12 rows: its readings of them are exploratory" in out[0]
+    assert len(paired_lines(out)) == 2 and all(line.endswith("exploratory") for line in paired_lines(out))
+
+
+def test_a_plan_written_before_every_row_confirms_its_planned_readings(study, capsys):
+    write_plan(study, written="2026-01-01T00:00:00+00:00", primary_metrics="[fid]")
+    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "before every row: its planned readings are confirmatory" in out[0] and "holm across the 3 tests" in out[0]
+    fid, loss = paired_lines(out)
+    assert fid.endswith("confirmatory") and loss.endswith("exploratory")  # val loss is shown, not planned
+
+
+def test_plan_flag_and_baseline_conflicts(study, tmp_path, capsys):
+    plan = write_plan(tmp_path, written="2026-01-01T00:00:00+00:00")
+    assert leaderboard_main([str(study / "leaderboard.csv")], plan=str(plan)) == 0
+    assert "confirmatory" in capsys.readouterr().out.splitlines()[0]
+    assert leaderboard_main([str(study / "leaderboard.csv")], baseline="mask75", plan=str(plan)) == 2
+    assert capsys.readouterr().err == f"error: --baseline mask75 contradicts {plan}, whose baseline is mask0\n"
+
+
+@pytest.mark.parametrize(("front", "message"), [
+    ({"alpha": "1.5"}, "alpha must be a number in (0, 1), got 1.5"),
+    ({"correction": "bonferroni"}, "correction must be one of holm, none, got 'bonferroni'"),
+    ({"test": "welch"}, "test: this report applies 'paired t over seeds' only, got 'welch'"),
+    ({"primary_metrics": "[fid, loss]"}, "primary_metrics must be a non-empty list of"),
+    ({"written": "2026-06-01"}, "written must be a date-time with a time zone"),
+    ({"baseline": None, "seed": "3"}, "front matter keys: missing ['baseline'], unknown ['seed']"),
+    ({"pays": "\n  ratio: steps\n  interval: below 1\n  metrics: all primary"}, "pays.ratio must be one of flops"),
+    ({"primary_metrics": "[fid, val_loss"}, "front matter line"),
+])
+def test_a_malformed_plan_is_one_clear_error(study, capsys, front, message):
+    plan = write_plan(study, **front)
+    with pytest.raises(ValueError, match=f"^plan {plan}: ") as err:
+        load_plan(plan)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert cli_main(["leaderboard", str(study / "leaderboard.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: plan {plan}: ") and err.count("\n") == 1
+
+
+def test_a_plan_without_front_matter_is_refused(study, capsys):
+    (study / "PLAN.md").write_text("# a plan in prose only\n", encoding="utf-8")
+    assert cli_main(["leaderboard", str(study / "leaderboard.csv"), "--crossover", "mask75"]) == 2
+    assert "no front matter" in capsys.readouterr().err
+
+
+def test_the_committed_plans_parse_and_say_they_came_after_the_data():
+    for name in ("powered", "crossover"):
+        plan = load_plan(REPO / "results" / name / "PLAN.md")
+        assert (plan.study, plan.primary, plan.baseline) == (name, ("fid", "val_loss"), "mask0")
+        assert (plan.alpha, plan.correction, plan.pays) == (0.05, "holm", "train_flops")
+        body = (REPO / "results" / name / "PLAN.md").read_text(encoding="utf-8").split("---\n", 2)[2]
+        first = " ".join(body.split("\n\n")[1].split())
+        assert ("written after the data; its readings of these rows are exploratory; it is the plan for the re-run"
+                in first.lower())
+        rows = read_rows([REPO / "results" / name / "leaderboard.csv"], on_error="abort")
+        assert plan.family(rows).confirmatory is False

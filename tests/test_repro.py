@@ -13,8 +13,10 @@ from safetensors.torch import load_file, save_file
 
 from maskbench.config import load_config
 from maskbench.cli import main
+from maskbench.files import folder_change, write_folder_digests
 from maskbench.runs.repro import repro_main
 from maskbench.runs.launch import train
+from maskbench.train.checkpoint import EMA_FILE, MODEL_FILE
 from tests.conftest import tiny_overrides
 
 
@@ -35,20 +37,117 @@ def copy_run(run_dir: Path, dst: Path) -> Path:
     return run
 
 
+CHECKS = ("rerun", "resume", "metrics", "environment", "digests")
+
+
 def table(output: str) -> dict[str, str]:
     """{check name: its PASS/FAIL line} from repro's printed table."""
     lines = [line.split(None, 1) for line in output.splitlines()]
-    return {parts[0]: parts[1] for parts in lines
-            if len(parts) == 2 and parts[0] in ("rerun", "resume", "metrics", "environment")}
+    return {parts[0]: parts[1] for parts in lines if len(parts) == 2 and parts[0] in CHECKS}
 
 
-def test_fresh_run_passes_all_four_checks(run_dir, capsys):
+def scale_recorded(run: Path, where: str, index: int, column: str, factor: float) -> None:
+    """Multiply one recorded value, in eval.jsonl or in the run's copy of the leaderboard CSV, by `factor`."""
+    if where == "eval.jsonl":
+        records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+        records[index][column] *= factor
+        (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return
+    board = run.parent / "leaderboard.csv"
+    with open(board, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[index][column] = str(float(rows[index][column]) * factor)
+    with open(board, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def flip_middle_byte(path: Path) -> None:
+    """One bit pattern changed where a reader does not look: the file still loads, with other values."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(data)
+
+
+def test_fresh_run_passes_all_five_checks(run_dir, capsys):
     assert repro_main(run_dir) == 0
-    rows = table(capsys.readouterr().out)
-    assert sorted(rows) == ["environment", "metrics", "rerun", "resume"]
+    out = capsys.readouterr().out
+    rows = table(out)
+    assert sorted(rows) == sorted(CHECKS)
     assert all(line.startswith("PASS") for line in rows.values()), rows
     assert "weights at point 0.5 match" in rows["rerun"]
     assert "eval.jsonl and leaderboard.csv" in rows["metrics"]
+    folders = len(list(run_dir.glob("checkpoints/*/"))) + len(list(run_dir.glob("samples/point-*/")))
+    assert f"{folders} folders and the eval.jsonl lines and leaderboard rows of 2 points match" in rows["digests"]
+    assert "rerun re-derives steps 0.." in out and "= eval point 0.5 of 0.5, 1;" in out
+
+
+def test_through_last_reruns_to_the_last_point(run_dir, capsys):
+    assert main(["repro", str(run_dir), "--through", "last"]) == 0
+    out = capsys.readouterr().out
+    rows = table(out)
+    assert all(line.startswith("PASS") for line in rows.values()), rows
+    assert "raw and EMA weights at points 0.5, 1 match" in rows["rerun"]
+    assert "= eval point 1 of 0.5, 1;" in out
+
+
+@pytest.mark.parametrize("name", [MODEL_FILE, EMA_FILE, "optimizer.bin"])
+def test_a_flipped_byte_in_the_last_checkpoint_fails_digests(run_dir, tmp_path, capsys, name):
+    """The finding of issue 24: the rerun stops at the first point and the metrics read only the EMA weights,
+    so a changed byte in the last point's checkpoint is seen by its digest alone."""
+    run = copy_run(run_dir, tmp_path)
+    flip_middle_byte(run / "checkpoints" / "point-1" / name)
+    assert repro_main(run, steps=2) == 1
+    out = capsys.readouterr().out
+    assert table(out)["digests"].startswith(f"FAIL  checkpoints/point-1: {name} changed (sha256 ")
+    if name != EMA_FILE:  # the EMA weights are what the metrics are recomputed from: that check may see it too
+        assert out.rstrip().endswith("FAIL: digests")
+
+
+@pytest.mark.parametrize("where", ["eval.jsonl", "leaderboard"])
+def test_an_edited_record_fails_digests(run_dir, tmp_path, capsys, where):
+    """train_flops is no metric: only the digest of the last point's record can tell it changed."""
+    run = copy_run(run_dir, tmp_path)
+    scale_recorded(run, where, -1, "train_flops", 2.0)
+    assert repro_main(run, steps=2) == 1
+    out = capsys.readouterr().out
+    assert table(out)["digests"] == f"FAIL  {where} point 1: record 1 of 1 changed since it was signed"
+    assert out.rstrip().endswith("FAIL: digests")
+
+
+def test_a_run_written_before_signing_is_not_signed_rather_than_failed(run_dir, tmp_path, capsys):
+    run = copy_run(run_dir, tmp_path)
+    (run / "digests.jsonl").unlink()
+    for digests in run.rglob("digests.json"):
+        digests.unlink()
+    assert repro_main(run, steps=2) == 0
+    line = table(capsys.readouterr().out)["digests"]
+    assert line.startswith("----  not signed (older run): "), line
+    assert all(f"{name}," in line for name in ("checkpoints/point-1", "samples/point-1", "eval.jsonl point 1"))
+
+
+def test_a_deleted_digests_file_is_not_mistaken_for_an_older_run(run_dir, tmp_path, capsys):
+    run = copy_run(run_dir, tmp_path)
+    (run / "checkpoints" / "point-1" / "digests.json").unlink()
+    assert repro_main(run, steps=2) == 1
+    assert table(capsys.readouterr().out)["digests"] == "FAIL  checkpoints/point-1: digests.json is missing"
+
+
+def test_folder_change_names_a_changed_a_missing_and_an_unsigned_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("a.bin", "b.bin", "sub/c.bin"):
+        (tmp_path / name).write_bytes(name.encode())
+    write_folder_digests(tmp_path)
+    assert folder_change(tmp_path) is None
+    (tmp_path / "sub" / "c.bin").write_bytes(b"other")
+    assert folder_change(tmp_path).startswith("sub/c.bin changed (sha256 ")
+    (tmp_path / "sub" / "c.bin").write_bytes(b"sub/c.bin")
+    (tmp_path / "b.bin").unlink()
+    assert folder_change(tmp_path) == "b.bin is missing"
+    (tmp_path / "b.bin").write_bytes(b"b.bin")
+    (tmp_path / "extra.pkl").write_bytes(b"")
+    assert folder_change(tmp_path) == "extra.pkl is not signed"
 
 
 def test_tampered_point_weights_fail_rerun(run_dir, tmp_path, capsys):
@@ -63,27 +162,18 @@ def test_tampered_point_weights_fail_rerun(run_dir, tmp_path, capsys):
     rows = table(out)
     assert rows["rerun"].startswith("FAIL") and name in rows["rerun"]
     assert rows["resume"].startswith("PASS") and rows["metrics"].startswith("PASS")
-    assert out.rstrip().endswith("FAIL: rerun")
+    assert rows["digests"].startswith(f"FAIL  checkpoints/point-0.5: {MODEL_FILE} changed")
+    assert out.rstrip().endswith("FAIL: rerun, digests")
 
 
 @pytest.mark.parametrize("where", ["leaderboard.csv", "eval.jsonl"])
 def test_tampered_fid_fails_metrics(run_dir, tmp_path, capsys, where):
     run = copy_run(run_dir, tmp_path)
-    if where == "eval.jsonl":
-        records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
-        records[0]["fid"] *= 1.001
-        (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    else:
-        with open(tmp_path / "leaderboard.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
-        rows[0]["fid"] = str(float(rows[0]["fid"]) * 1.001)
-        with open(tmp_path / "leaderboard.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    scale_recorded(run, where, 0, "fid", 1.001)
     assert repro_main(run, steps=2) == 1  # --steps 2: cheap reruns, loss trace only
     rows = table(capsys.readouterr().out)
     assert rows["metrics"].startswith("FAIL") and f"point 0.5 {where}: fid recorded" in rows["metrics"]
+    assert rows["digests"].startswith("FAIL") and "point 0.5: record 1 of 1 changed since" in rows["digests"]
     assert rows["rerun"].startswith("PASS") and "weights not compared" in rows["rerun"]
 
 
@@ -105,6 +195,8 @@ def test_bad_input_is_one_line_and_exit_2(run_dir, tmp_path, capsys):
     assert repro_main(run_dir, steps=10_000) == 2
     err = capsys.readouterr().err
     assert "--steps must be between 2 and" in err and len(err.strip().splitlines()) == 1
+    assert repro_main(run_dir, through="0.3") == 2
+    assert "--through must be last or an eval point with a checkpoint (0.5, 1), got 0.3" in capsys.readouterr().err
 
 
 def test_a_commit_during_a_sweep_does_not_relabel_its_later_rows(monkeypatch):

@@ -16,8 +16,9 @@ from maskbench.results.leaderboard import append_rows, read_rows
 from maskbench.results.plots import plot_leaderboard
 from maskbench.results.report import leaderboard_main
 from maskbench.results.stats import (
-    bootstrap_ci, compute_to_target, mean_ci, minimum_detectable_effect, paired_difference, ratio_summary, render,
-    summarize, verdict, welch, welch_difference,
+    Family, agreement, bootstrap_ci, compute_to_target, correct, corrected_difference, holm, mean_ci,
+    minimum_detectable_effect, monotone_fit, paired_difference, ratio_summary, ratio_verdict, render, summarize,
+    verdict, welch_difference,
 )
 
 # Two-sided 95% / 99% Student-t quantiles from a printed table (df = 2, 3, 4), and the one-sided 80% ones
@@ -81,13 +82,15 @@ def test_compute_to_target_interpolates_and_reports_not_reached():
     assert compute_to_target(accuracy, 0.5, higher_is_better=True) == pytest.approx(0.5 + 0.3 / 0.4 * 0.5)
 
 
-def test_welch_matches_the_formula():
+def test_welch_difference_p_matches_the_formula():
     a, b = np.array([1.0, 2.0, 3.0]), np.array([2.0, 4.0, 6.0, 8.0])
     va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 4
     t = (a.mean() - b.mean()) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
-    assert welch(a, b) == pytest.approx((t, 2 * scipy.stats.t.sf(abs(t), df)))
-    assert welch([1.0], [1.0, 2.0]) is None
+    found = welch_difference(a, b)
+    assert found.p == pytest.approx(2 * scipy.stats.t.sf(abs(t), df)) and found.se == pytest.approx(math.sqrt(va + vb))
+    half = scipy.stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    assert (found.lo, found.hi) == pytest.approx((a.mean() - b.mean() - half, a.mean() - b.mean() + half))
 
 
 def test_summary_figures_match_hand_computation(board):
@@ -99,21 +102,33 @@ def test_summary_figures_match_hand_computation(board):
     assert base.metrics["val_loss"] == pytest.approx((0.52, T975_DF2 * 0.02 / math.sqrt(3)))
     assert base.metrics["align_acc"] is None
     assert base.gpu_hours == pytest.approx(2.0) and base.fid_features == "oracle-synth-v1"
-    assert base.target == pytest.approx(210.0) and base.flops_to_target == pytest.approx(1.0)
-    assert base.welch_p is None
+    assert not base.comparisons  # the baseline is not tested against itself
 
     masked = record(summary, "mask75", 1.0)
-    # FLOPs curve (0.5, 250) -> (1.0, 160) crosses 210 at 0.5 + 40/90 * 0.5;
-    # hours curve (0.6/2.0, 250) -> (1.2/2.0, 160) at 0.3 + 40/90 * 0.3.
-    assert masked.flops_to_target == pytest.approx(0.5 + 40 / 90 * 0.5)
-    assert masked.hours_to_target == pytest.approx(0.3 + 40 / 90 * 0.3)
-    t = -50.0 / math.sqrt(100 / 3 + 100 / 3)  # equal variances: Welch's df is 4
-    assert masked.welch_p == pytest.approx(2 * scipy.stats.t.sf(abs(t), 4))
-    assert record(summary, "mask75", 0.5).flops_to_target is None  # set on the final point only
+    c = masked.comparisons["fid"]
+    d = c.difference  # every seed's mask75 is 50 below its mask0: a zero-width paired interval
+    assert d.test == "paired" and (d.mean, d.lo, d.hi, d.p) == pytest.approx((-50.0, -50.0, -50.0, 0.0))
+    assert not record(summary, "mask75", 0.5).comparisons  # set on the final point only
+    # At mask0's final horizon seed s's target is 200 + 10s (the stale 999 of seed 0 is not read), which mask0
+    # reaches at its last point: FLOPs 1e12, hours 1.9 + 0.1s. mask75's seed s crosses it on its segment
+    # ((0.49 + 0.01s)·1e12, 260 − 10s) -> (.. + 0.5e12, 150 + 10s), gap g = 60 − 20s above it at the start:
+    # FLOPs (0.49 + 0.01s + g/(g + 50)·0.5)·1e12, hours 0.6 + g/(g + 50)·0.6.
+    final = c.targets[-1]
+    assert final.point == 1.0 and final.value == pytest.approx(210.0)  # the mean of the per-seed targets
+    gaps = [60.0, 40.0, 20.0]
+    flops = [0.49 + 0.01 * s + g / (g + 50) * 0.5 for s, g in enumerate(gaps)]
+    hours = [(0.6 + g / (g + 50) * 0.6) / (1.9 + 0.1 * s) for s, g in enumerate(gaps)]
+    for axis, expected in (("train_flops", ratio_summary(flops)), ("gpu_hours", ratio_summary(hours))):
+        found = final.ratios[axis]
+        assert (found.geomean, found.lo, found.hi, found.p) == pytest.approx((expected.geomean, expected.lo,
+                                                                             expected.hi, expected.p))
+    assert final.ratios["train_flops"].geomean == pytest.approx(math.exp(np.mean(np.log(flops))))
 
-    single = record(summary, "mask75_then0", 1.0)
-    assert single.target == pytest.approx(210.0) and single.flops_to_target is None
-    assert math.isnan(single.metrics["fid"][1]) and single.welch_p is None
+    single = record(summary, "mask75_then0", 1.0)  # seed 0 only, ends at 300: never reaches mask0's 200
+    assert math.isnan(single.metrics["fid"][1])
+    assert single.comparisons["fid"].difference.verdict.startswith("not tested")
+    ratio = single.comparisons["fid"].targets[-1].ratios["train_flops"]
+    assert (ratio.bound, ratio.not_reached, ratio.n, ratio.geomean) == (">", 1, 1, pytest.approx(1.0))
 
     (reference,) = [r for r in summary if r.is_reference]
     assert reference.metrics["fid"][0] == 1.0 and reference.source == "a paper, table 2"
@@ -123,14 +138,15 @@ def test_summary_figures_match_hand_computation(board):
 def test_render_formats(board):
     summary = summarize(board)
     table = render(summary)
-    assert "not reached" in table and "oracle-synth-v1" in table and "210 ± 25" in table
+    assert "(1/1 not reached)" in table and "oracle-synth-v1" in table and "210 ± 25" in table
     assert "[1] a paper, table 2" in table
     markdown = render(summary, "markdown").splitlines()
     assert markdown[1].startswith("| --- |") and len(markdown[0].split("|")) == len(markdown[2].split("|"))
     rows = list(csv.DictReader(io.StringIO(render(summary, "csv"))))
     (final,) = [r for r in rows if r["arm"] == "mask75" and r["point"] == "1.0"]
-    assert float(final["flops_to_target"]) == pytest.approx(0.5 + 40 / 90 * 0.5)
-    assert float(final["fid"]) == pytest.approx(160.0)
+    ratio = record(summary, "mask75", 1.0).comparisons["fid"].targets[-1].ratios["train_flops"]
+    assert float(final["fid_flops_ratio_geomean"]) == pytest.approx(ratio.geomean)
+    assert float(final["fid_target"]) == pytest.approx(210.0) and float(final["fid"]) == pytest.approx(160.0)
     with pytest.raises(ValueError, match="unknown format"):
         render(summary, "html")
 
@@ -142,16 +158,22 @@ def test_val_loss_stands_in_only_when_a_group_has_no_fid(tmp_path):
     append_rows(tmp_path / "board.csv", rows)
     summary = summarize(read_rows([tmp_path / "board.csv"]))
     masked = record(summary, "mask75", 1.0)
-    assert masked.target_metric == "val_loss" and masked.target == pytest.approx(0.61)
-    assert masked.flops_to_target == pytest.approx(0.5 + (0.71 - 0.61) / (0.71 - 0.51) * 0.5)
-    assert "no FID in this group: compute-to-target and the comparisons use val_loss" in render(summary)
-    assert masked.comparison.metric == "val_loss" and masked.comparison.difference.test == "paired"
-    assert masked.comparison.difference.mean == pytest.approx(-0.1)
+    assert "no FID in this group: no FD comparison" in render(summary)
+    assert list(masked.comparisons) == ["val_loss"]
+    # Seed s: mask0 reaches its own final 0.6 + 0.02s at its last point (1e12 FLOPs, 1 hour); mask75 crosses it
+    # halfway along (0.5, 0.7 + 0.02s) -> (1.0, 0.5 + 0.02s): 0.75 of mask0's FLOPs and hours on both seeds.
+    final = masked.comparisons["val_loss"].targets[-1]
+    assert final.value == pytest.approx(0.61)
+    for axis in ("train_flops", "gpu_hours"):
+        ratio = final.ratios[axis]
+        assert (ratio.geomean, ratio.lo, ratio.hi) == pytest.approx((0.75, 0.75, 0.75)) and ratio.bound == ""
+    assert masked.comparisons["val_loss"].difference.test == "paired"
+    assert masked.comparisons["val_loss"].difference.mean == pytest.approx(-0.1)
 
 
 def test_group_problems_are_said(board):
     without_baseline = summarize(board, baseline_arm="mask50")
-    assert all(r.target is None for r in without_baseline)
+    assert not any(r.comparisons for r in without_baseline)
     assert "no 'mask50' runs in this group" in render(without_baseline)
     mixed = [dict(board[1], fid_features="inception-v3", run_id="other"), *board]
     with pytest.raises(ValueError, match="mixes FID features"):
@@ -242,7 +264,7 @@ def test_welch_difference_agrees_with_scipy():
     assert found.test == "welch" and (found.n, found.n_base) == (3, 4)
     assert found.mean == pytest.approx(a.mean() - b.mean())
     assert (found.lo, found.hi) == pytest.approx(tuple(reference.confidence_interval(0.95)))
-    assert found.p == pytest.approx(welch(a, b)[1])
+    assert found.p == pytest.approx(reference.pvalue)
     se = math.sqrt(a.var(ddof=1) / 3 + b.var(ddof=1) / 4)
     t975, t80 = scipy.stats.t.ppf(0.975, reference.df), scipy.stats.t.ppf(0.8, reference.df)
     assert found.mde == pytest.approx((t975 + t80) * se) and found.boot is None
@@ -254,10 +276,15 @@ def test_ratio_summary_is_a_geometric_mean_with_a_log_t_interval():
     logs = np.log(ratios)
     half = T975_DF2 * logs.std(ddof=1) / math.sqrt(3)
     found = ratio_summary(ratios)
-    assert found.geomean == pytest.approx(0.5) and found.n == 3
+    assert found.geomean == pytest.approx(0.5) and found.n == 3 and found.bound == ""
     assert (found.lo, found.hi) == pytest.approx((math.exp(logs.mean() - half), math.exp(logs.mean() + half)))
-    missed = ratio_summary([0.5, None, 0.7])
-    assert missed.geomean is None and missed.not_reached == 1
+    t = abs(logs.mean()) / (logs.std(ddof=1) / math.sqrt(3))  # the log ratios' one-sample t against 0
+    assert found.p == found.p_adj == pytest.approx(2 * scipy.stats.t.sf(t, 2))
+    missed = ratio_summary([0.5, 1.2, 0.7], bounds=["", ">", ""])  # seed 1 never got there: a lower bound
+    assert missed.bound == ">" and missed.not_reached == 1 and math.isnan(missed.p)
+    assert missed.geomean == pytest.approx((0.5 * 1.2 * 0.7) ** (1 / 3))
+    early = ratio_summary([0.5, 0.6], bounds=["<=", ""])  # seed 0 was there at its first point: an upper bound
+    assert early.bound == "<=" and early.not_reached == 0 and math.isnan(early.p)
     assert ratio_summary([]) is None and ratio_summary([0.5, math.nan]) is None
 
 
@@ -275,7 +302,7 @@ def paired_board(tmp_path):
 
 def test_arms_pair_by_seed_with_per_seed_compute_ratios(paired_board):
     (masked,) = [r for r in summarize(paired_board) if r.arm == "mask75" and r.point == 1.0]
-    c = masked.comparison
+    c = masked.comparisons["fid"]
     assert c.baseline == "mask0" and c.seeds == (0, 1, 2) and c.metric == "fid" and not c.note
     d = np.array([150.0 - 200, 170 - 230, 200 - 210])  # -50, -60, -10
     se = d.std(ddof=1) / math.sqrt(3)
@@ -287,9 +314,13 @@ def test_arms_pair_by_seed_with_per_seed_compute_ratios(paired_board):
     # Seed s reaches mask0's final FD of seed s on the segment (0.5, f_0.5) -> (1.0, f_1); mask0 at its final point.
     flops = [0.5 + (220 - 200) / 70 * 0.5, 0.5 + (250 - 230) / 80 * 0.5, 0.5 + (260 - 210) / 60 * 0.5]
     hours = [(0.6 + (f - 0.5) / 0.5 * 0.6) / 2.0 for f in flops]
-    for found, expected in ((c.flops_ratio, flops), (c.hours_ratio, hours)):
+    final = c.targets[-1]
+    assert final.point == 1.0 and final.value == pytest.approx(np.mean([200.0, 230.0, 210.0]))
+    for found, expected in ((final.ratios["train_flops"], flops), (final.ratios["gpu_hours"], hours)):
         assert found == ratio_summary(expected)
         assert found.geomean == pytest.approx(math.exp(np.mean(np.log(expected))))
+    # At mask0's first horizon mask75 is already below mask0's value at its own first point: only an upper bound.
+    assert c.targets[0].point == 0.5 and c.targets[0].ratios["train_flops"].bound == "<="
 
 
 def test_unpaired_seeds_fall_back_to_welch_and_say_so(paired_board):
@@ -297,24 +328,32 @@ def test_unpaired_seeds_fall_back_to_welch_and_say_so(paired_board):
              if row["arm"] == "mask75" and row["seed"] == 0]
     summary = summarize([*paired_board, *extra])
     (masked,) = [r for r in summary if r.arm == "mask75" and r.point == 1.0]
-    c = masked.comparison
+    c = masked.comparisons["fid"]
     assert c.difference.test == "welch" and (c.difference.n, c.difference.n_base) == (4, 4)
-    assert c.flops_ratio is None and c.note == "unpaired (Welch): seed(s) 7 have no mask0 partner"
-    assert c.difference.p == pytest.approx(masked.welch_p)
+    assert c.targets == () and c.note == "unpaired (Welch): seed(s) 7 have no mask0 partner"
+    arm_fids = [row["fid"] for row in [*paired_board, *extra] if row["arm"] == "mask75" and row["point"] == 1.0]
+    base_fids = [row["fid"] for row in paired_board if row["arm"] == "mask0" and row["point"] == 1.0]
+    assert c.difference.p == pytest.approx(scipy.stats.ttest_ind(arm_fids, base_fids, equal_var=False).pvalue)
     table = render(summary)
     assert "synth/tiny/1e+12: mask75: unpaired (Welch): seed(s) 7 have no mask0 partner" in table
     assert "4 vs 4" in table
     twice = [dict(row, run_id="mask0-again") for row in paired_board if row["arm"] == "mask0" and row["seed"] == 0]
     (masked,) = [r for r in summarize([*paired_board, *twice]) if r.arm == "mask75" and r.point == 1.0]
-    assert masked.comparison.note == "unpaired (Welch): seed(s) 0 appear in more than one run of an arm"
+    assert masked.comparisons["fid"].note == "unpaired (Welch): seed(s) 0 appear in more than one run of an arm"
 
 
-def test_an_arm_that_never_reaches_the_target_has_no_ratio(paired_board):
+def test_an_arm_that_never_reaches_the_target_gives_a_lower_bound(paired_board):
+    """Seed 1's mask75 ends at 270, above mask0's 230: its last point (the budget) over mask0's stands in."""
     worse = [dict(row, fid=row["fid"] + 100) if row["arm"] == "mask75" and row["seed"] == 1 else row
              for row in paired_board]
     (masked,) = [r for r in summarize(worse) if r.arm == "mask75" and r.point == 1.0]
-    assert masked.comparison.flops_ratio.not_reached == 1 and masked.comparison.flops_ratio.geomean is None
-    assert "1/3 not reached" in render(summarize(worse))
+    ratio = masked.comparisons["fid"].targets[-1].ratios["train_flops"]
+    assert ratio.not_reached == 1 and ratio.bound == ">" and math.isnan(ratio.p)
+    reached = [0.5 + (220 - 200) / 70 * 0.5, 0.5 + (260 - 210) / 60 * 0.5]
+    assert ratio.geomean == pytest.approx((reached[0] * 1.0 * reached[1]) ** (1 / 3))
+    assert ratio_verdict(ratio, 0.05) == "not reached (1/3)"  # a lower bound: untested, no verdict
+    table = render(summarize(worse))
+    assert f">{ratio.geomean:.3f} [" in table and "(1/3 not reached)" in table
 
 
 def test_comparisons_render_in_every_format(paired_board):
@@ -323,25 +362,35 @@ def test_comparisons_render_in_every_format(paired_board):
     start = table.index("Against mask0 at the final point:")
     assert table[start + 1].split()[:8] == ["dataset", "model", "batch", "budget", "arm", "metric", "test", "n"]
     assert "3 pairs" in table[start + 3] and "no difference detected" in table[start + 3]
+    assert table[start + 3].endswith("exploratory")  # no plan
     assert any(line.startswith("Δ: arm − mask0") for line in table)
+    horizons = table.index("Compute to reach mask0's value at each of its horizons:")
+    first, final = table[horizons + 3:horizons + 5]  # mask75 at mask0's horizons 0.5 and 1
+    ratio = summary[-1].comparisons["fid"].targets[-1].ratios["train_flops"]
+    assert "<=1.000 [1, 1]" in first and f"{ratio.geomean:.3f} [{ratio.lo:.3g}, {ratio.hi:.3g}]" in final
     markdown = render(summary, "markdown").splitlines()
     second = markdown.index("Against mask0 at the final point:") + 2
     assert markdown[second].startswith("| dataset | model |") and markdown[second + 1].startswith("| --- |")
     assert len(markdown[second].split("|")) == len(markdown[second + 2].split("|"))
     records = list(csv.DictReader(io.StringIO(render(summary, "csv"))))
     (final,) = [r for r in records if r["arm"] == "mask75" and r["point"] == "1.0"]
-    assert final["test"] == "paired" and final["pairs"] == "3" and float(final["diff"]) == pytest.approx(-40.0)
-    assert final["verdict"].startswith("no difference detected") and final["boot_lo"] and final["mde"]
-    assert float(final["flops_ratio_geomean"]) == pytest.approx(summary[-1].comparison.flops_ratio.geomean)
+    assert final["fid_test"] == "paired" and final["fid_pairs"] == "3"
+    assert float(final["fid_diff"]) == pytest.approx(-40.0)
+    assert final["fid_verdict"].startswith("no difference detected") and final["fid_boot_lo"] and final["fid_mde"]
+    ratio = summary[-1].comparisons["fid"].targets[-1].ratios["train_flops"]
+    assert float(final["fid_flops_ratio_geomean"]) == pytest.approx(ratio.geomean)
+    (half,) = [r for r in records if r["arm"] == "mask75" and r["point"] == "0.5"]  # the ratio at horizon 0.5
+    assert half["fid_flops_ratio_bound"] == "<=" and half["fid_test"] == "" and half["reading"] == "exploratory"
     (base,) = [r for r in records if r["arm"] == "mask0" and r["point"] == "1.0"]
-    assert base["test"] == "" and base["verdict"] == ""
+    assert base["fid_test"] == "" and base["fid_verdict"] == "" and base["fid_flops_ratio_geomean"] == ""
 
 
 def test_the_committed_leaderboard_renders_with_paired_comparisons(capsys):
     rows = read_rows(["results/leaderboard.csv"], on_error="abort")
-    compared = [r for r in summarize(rows) if r.comparison and r.model == "tiny"]  # the two-seed results
-    assert len(compared) == 8 and all(r.comparison.difference.test == "paired" for r in compared)
-    assert all(r.comparison.difference.n == 2 and r.comparison.difference.boot is None for r in compared)
+    compared = [r for r in summarize(rows) if r.comparisons and r.model == "tiny"]  # the two-seed results
+    differences = [c.difference for r in compared for c in r.comparisons.values()]
+    assert len(compared) == 8 and len(differences) == 16 and all(d.test == "paired" for d in differences)
+    assert all(d.n == 2 and d.boot is None for d in differences)
     assert leaderboard_main(["results/leaderboard.csv"], "table", None, "mask0", "abort") == 0
     assert "n < 3" in capsys.readouterr().out
 
@@ -370,17 +419,43 @@ def test_rcp_reproduces_the_rules_worked_example():
     assert t < 0 and p / 2 == pytest.approx(0.05)
 
 
+def test_mlperf_first_reach_is_the_first_evaluation_at_the_target():
+    """MLPerf stops a run's clock at its first evaluation that reaches the target: no fit, no interpolation."""
+    wiggly = [(16.0, 20.0), (1.0, 100.0), (8.0, 100.0), (2.0, 60.0), (4.0, 50.0)]  # any order in; back up at 8
+    assert mlperf.first_reach(wiggly, 150.0) == 1.0   # there at the first evaluation
+    assert mlperf.first_reach(wiggly, 60.0) == 2.0    # exactly at the target counts
+    assert mlperf.first_reach(wiggly, 80.0) == 2.0    # not 1 + 20/40 between evaluations
+    assert mlperf.first_reach(wiggly, 55.0) == 4.0    # although 8 is back at 100
+    assert mlperf.first_reach(wiggly, 20.0) == 16.0 and mlperf.first_reach(wiggly, 10.0) is None
+    # The monotone fit pools 2, 4 and 8 to 70: it reads 80 between 1 and 2, and 55 only on (8, 70) -> (16, 20).
+    assert compute_to_target(wiggly, 80.0) == pytest.approx(1 + 20 / 30)
+    assert compute_to_target(wiggly, 55.0) == pytest.approx(8 + 15 / 50 * 8)
+    accuracy = [(1.0, 0.1), (2.0, 0.5), (4.0, 0.6), (8.0, 0.2), (16.0, 0.9)]  # higher is better
+    assert mlperf.first_reach(accuracy, 0.6, higher_is_better=True) == 4.0
+    assert mlperf.first_reach(accuracy, 0.95, higher_is_better=True) is None
+
+
+# First evaluation (in eighths of the budget) at which each seed's FD reaches 209; None: never.
+FIRST_REACH = {"mask0": [6, 7, 8, 7, 6, 7, 8, 7, 7, 8], "mask50": [6, 7, 7, 7, 7, 7, 7, 7, 7, 8],
+               "mask75": [2, 3, 4, 3, 4, 3, 4, 3, 4, None]}
+MLPERF_HOURS = {"mask0": 2.0, "mask50": 2.0, "mask75": 1.2}  # device-hours at the budget, k/8 of it at eval k
+
+
 @pytest.fixture
 def ten_seeds(tmp_path):
-    """mask0, mask50 (within the baseline's noise) and mask75 (much faster), 10 seeds each."""
+    """mask0, mask50 (within the baseline's noise) and mask75 (much faster), 10 seeds each, evaluated at every
+    eighth of the budget. A run's FD is 300 − 10k at eval k before its FIRST_REACH and its final value (mask0
+    200 + seed, so the target is mask0 seed 9's 209; mask50 199 + seed; mask75 150 + seed) from there on, except
+    mask75 seed 1, which touches 205 at eval 3, climbs back to 260 at eval 4 and is down for good from eval 5."""
     rows = []
-    fids = {"mask0": (300.0, 200.0), "mask50": (299.0, 199.0), "mask75": (230.0, 150.0)}
-    hours = {"mask0": (1.0, 2.0), "mask50": (1.0, 2.0), "mask75": (0.6, 1.2)}
-    for arm, (half, final) in fids.items():
-        for seed in range(10):
-            late = final + seed + (100 if arm == "mask75" and seed == 9 else 0)  # mask75 seed 9 never gets there
-            rows += [run_row(arm, seed, 0.5, half + seed, 0.5 * BUDGET, hours[arm][0]),
-                     run_row(arm, seed, 1.0, late, BUDGET, hours[arm][1])]
+    finals = {"mask0": 200.0, "mask50": 199.0, "mask75": 150.0}
+    for arm, firsts in FIRST_REACH.items():
+        for seed, first in enumerate(firsts):
+            fids = [finals[arm] + seed if first is not None and k >= first else 300.0 - 10 * k for k in range(1, 9)]
+            if arm == "mask75" and seed == 1:
+                fids[2:4] = [205.0, 260.0]
+            rows += [run_row(arm, seed, k / 8, fid, k / 8 * BUDGET, k / 8 * MLPERF_HOURS[arm])
+                     for k, fid in enumerate(fids, 1)]
     append_rows(tmp_path / "ten.csv", rows)
     return read_rows([tmp_path / "ten.csv"], on_error="abort")
 
@@ -390,22 +465,23 @@ def test_mlperf_scores_by_hand(ten_seeds):
     assert not notes and [s.arm for s in scores] == ["mask0", "mask50", "mask75"]
     base, half, fast = scores
     assert all(s.target == 209.0 and s.runs == 10 for s in scores)  # mask0's worst final FD
-    # mask0 seed s reaches 209 on (0.5, 300+s) -> (1.0, 200+s) at 0.5 + (91+s)/200 of the budget.
-    reach = [0.5 + (91 + s) / 200 for s in range(10)]
-    assert base.flops == pytest.approx(np.mean(reach[1:-1]) * BUDGET)
-    assert base.hours == pytest.approx(2 * np.mean(reach[1:-1]))
+    # Olympic means in eighths: mask0 [6 7 7 7 7 7 8 8] = 7.125, mask50 [7]*8 = 7, mask75 [3 3 3 3 4 4 4 4] = 3.5
+    # (its seed 9 never reaches 209: dropped as the slowest; seed 1 counts at eval 3, though it goes back up).
+    assert base.flops == pytest.approx(7.125 / 8 * BUDGET) and base.hours == pytest.approx(7.125 / 8 * 2.0)
     assert base.rcp == "reference" and base.speedup == pytest.approx(1.0) and base.reached == 10
-    bound = mlperf.rcp([r * BUDGET for r in reach], 10)
-    half_reach = [0.5 + (90 + s) / 200 for s in range(10)]
-    assert half.flops == pytest.approx(np.mean(half_reach[1:-1]) * BUDGET)
+    bound = mlperf.rcp([k / 8 * BUDGET for k in FIRST_REACH["mask0"]], 10)
+    assert half.flops == pytest.approx(7 / 8 * BUDGET)
     assert bound.min_mean < half.flops < bound.mean
     assert half.rcp == "normalised"
     assert half.score_hours == pytest.approx(half.hours * bound.mean / half.flops)
     assert half.speedup == pytest.approx(1.0)  # hours ∝ FLOPs here: the speed-up within the noise is not credited
-    fast_reach = sorted(0.5 + (21 + s) / 160 for s in range(9))  # seed 9 never reaches: dropped as the slowest
-    assert fast.reached == 9 and fast.flops == pytest.approx(np.mean(fast_reach[1:]) * BUDGET)
+    assert fast.reached == 9 and fast.flops == pytest.approx(3.5 / 8 * BUDGET)
+    assert fast.hours == pytest.approx(3.5 / 8 * 1.2)
     assert fast.rcp == "faster than RCP" and fast.score_hours == fast.hours
     assert fast.speedup == pytest.approx(base.hours / fast.hours)
+    # The monotone fit would read seed 1 at 4 + 23.5/81.5 eighths (evals 3 and 4 pooled to 232.5), not at 3.
+    wiggly = [(row["train_flops"], row["fid"]) for row in ten_seeds if row["run_id"] == "mask75-s1"]
+    assert compute_to_target(wiggly, 209.0) == pytest.approx((4 + 23.5 / 81.5) / 8 * BUDGET)
     text = mlperf.render_mlperf(scores, notes)
     assert "faster than RCP" in text and "olympic mean" in text
     rows = list(csv.DictReader(io.StringIO(mlperf.render_mlperf(scores, notes, "csv"))))
@@ -451,6 +527,222 @@ def test_runs_continued_from_a_trained_run_form_their_own_paired_group(tmp_path)
     continued = {r.arm: r for r in summary if r.started_from}
     assert [r.arm for r in scratch] == ["mask0"] and scratch[0].n == 3
     assert set(continued) == {"mask0", "lsc_convert"} and continued["mask0"].started_from == "mask0-synth-tiny"
-    diff = continued["lsc_convert"].comparison.difference
+    diff = continued["lsc_convert"].comparisons["fid"].difference
     assert diff.test == "paired" and diff.n == 3 and diff.mean == pytest.approx(50.0 - 2.0)
     assert "tiny from mask0-synth-tiny" in render(summary)
+
+
+# ------------------------------------------------------------------------- monotone compute-to-target
+CURVE = [(1.0, 100.0), (2.0, 60.0), (4.0, 50.0), (8.0, 100.0), (16.0, 20.0)]  # lower is better; 8 goes back up
+
+
+def test_the_monotone_fit_pools_the_violation_by_hand():
+    """Pool-adjacent-violators: 50 < 100 pools (4, 8) to 75, then 60 < 75 pools (2, 4, 8) to (60+50+100)/3 = 70."""
+    xs, fit = monotone_fit(list(reversed(CURVE)))  # any order in
+    assert xs.tolist() == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert fit.tolist() == pytest.approx([100.0, 70.0, 70.0, 70.0, 20.0])
+    # higher is better: 0.6 > 0.2 pools (4, 8) to 0.4, then 0.5 > 0.4 pools (2, 4, 8) to 1.3/3.
+    accuracy = [(1.0, 0.1), (2.0, 0.5), (4.0, 0.6), (8.0, 0.2), (16.0, 0.9)]
+    pooled = 1.3 / 3
+    assert monotone_fit(accuracy, higher_is_better=True)[1].tolist() == pytest.approx([0.1, pooled, pooled, pooled, 0.9])
+
+
+@pytest.mark.parametrize(("target", "expected"), [
+    (150.0, 1.0),                       # there at the first point: nothing is known before it
+    (80.0, 1.0 + 20 / 30 * 1.0),        # (1, 100) -> (2, 70)
+    (70.0, 2.0),                        # the pooled level is first reached at its first point
+    (55.0, 8.0 + 15 / 50 * 8.0),        # (8, 70) -> (16, 20): raw points would cross at 3 (2 -> 4)
+    (45.0, 8.0 + 25 / 50 * 8.0),        # raw points: 13.5 (8 -> 16, from 100)
+    (20.0, 16.0),
+    (10.0, None),
+])
+def test_compute_to_target_reads_the_monotone_fit_by_hand(target, expected):
+    found = compute_to_target(CURVE, target)
+    assert found == (None if expected is None else pytest.approx(expected))
+
+
+def test_compute_to_target_higher_is_better_reads_the_fit():
+    accuracy = [(1.0, 0.1), (2.0, 0.5), (4.0, 0.6), (8.0, 0.2), (16.0, 0.9)]
+    # fit 0.1, 0.433.., 0.433.., 0.433.., 0.9: 0.6 is crossed on (8, 1.3/3) -> (16, 0.9), not at 4 as raw
+    pooled = 1.3 / 3
+    assert compute_to_target(accuracy, 0.6, higher_is_better=True) == pytest.approx(8 + (0.6 - pooled) / (0.9 - pooled) * 8)
+    assert compute_to_target(accuracy, 0.95, higher_is_better=True) is None
+
+
+def test_compute_to_target_is_monotone_in_the_target():
+    """A harder target never takes less compute, on a noisy curve either way up."""
+    noisy = [(2.0**k, value) for k, value in enumerate([90.0, 70.0, 75.0, 40.0, 55.0, 30.0, 35.0, 12.0])]
+    targets = np.linspace(95.0, 5.0, 181)                                         # easiest first
+    reached = [compute_to_target(noisy, t) for t in targets]
+    found = [x for x in reached if x is not None]
+    assert found == sorted(found) and reached[-1] is None and len(found) > 150
+    rising = [(x, -value) for x, value in noisy]
+    found = [compute_to_target(rising, -t, higher_is_better=True) for t in targets]
+    assert [x for x in found if x is not None] == sorted(x for x in found if x is not None)
+
+
+def test_compute_to_target_is_read_at_every_baseline_horizon(tmp_path):
+    """Two seeds, mask0 and mask75 at 0.25, 0.5, 1 of the budget (FLOPs = point · budget, hours = point)."""
+    fids = {"mask0": [(400.0, 300.0, 200.0), (420.0, 310.0, 210.0)],
+            "mask75": [(350.0, 250.0, 150.0), (380.0, 290.0, 160.0)]}
+    rows = [run_row(arm, seed, point, fid[seed][i], point * BUDGET, point)
+            for arm, fid in fids.items() for seed in (0, 1) for i, point in enumerate((0.25, 0.5, 1.0))]
+    (masked,) = [r for r in summarize(_through_csv(tmp_path, rows)) if r.arm == "mask75" and r.point == 1.0]
+    first, half, final = masked.comparisons["fid"].targets
+    assert [t.point for t in (first, half, final)] == [0.25, 0.5, 1.0]
+    assert (first.value, half.value, final.value) == pytest.approx((410.0, 305.0, 205.0))  # mean of per-seed targets
+    # 0.25: mask75 starts below 400 / 420, so the ratio is only known to be <= 0.25 / 0.25.
+    assert first.ratios["train_flops"].bound == "<=" and first.ratios["train_flops"].geomean == pytest.approx(1.0)
+    # 0.5: seed 0 reaches 300 on (0.25, 350) -> (0.5, 250), seed 1 reaches 310 on (0.25, 380) -> (0.5, 290).
+    at_half = [(0.25 + 50 / 100 * 0.25) / 0.5, (0.25 + 70 / 90 * 0.25) / 0.5]
+    found, expected = half.ratios["train_flops"], ratio_summary(at_half)
+    assert (found.geomean, found.lo, found.hi, found.p) == pytest.approx((expected.geomean, expected.lo, expected.hi,
+                                                                         expected.p))
+    assert half.ratios["gpu_hours"].geomean == pytest.approx(math.sqrt(at_half[0] * at_half[1]))
+    at_final = [0.5 + 50 / 100 * 0.5, 0.5 + 80 / 130 * 0.5]
+    assert final.ratios["train_flops"].geomean == pytest.approx(math.sqrt(at_final[0] * at_final[1]))
+
+
+def test_a_noisy_baseline_sets_its_fitted_value_as_the_target(tmp_path):
+    """mask0 goes 300 -> 180 -> 200: its fit pools the last two to 190, the target at both horizons."""
+    rows = [run_row("mask0", 0, p, fid, p * BUDGET, p) for p, fid in ((0.25, 300.0), (0.5, 180.0), (1.0, 200.0))]
+    rows += [run_row("mask75", 0, p, fid, p * BUDGET, p) for p, fid in ((0.25, 250.0), (0.5, 210.0), (1.0, 170.0))]
+    (masked,) = [r for r in summarize(_through_csv(tmp_path, rows)) if r.arm == "mask75" and r.point == 1.0]
+    _, half, final = masked.comparisons["fid"].targets
+    assert half.value == final.value == pytest.approx(190.0)
+    # mask0 reaches 190 on (0.25, 300) -> (0.5, 190) at 0.5; mask75 on (0.5, 210) -> (1.0, 170) at 0.75.
+    assert final.ratios["train_flops"].geomean == pytest.approx(0.75 / 0.5)
+
+
+# ------------------------------------------------------------------------------ FD and val loss, always
+@pytest.fixture
+def split_board(tmp_path):
+    """mask75 lower FD than mask0 on every seed, while its val loss is within mask0's noise."""
+    rows = []
+    for seed, (fid0, fid75, loss0, loss75) in enumerate([(200.0, 150.0, 0.50, 0.52), (230.0, 170.0, 0.55, 0.53),
+                                                         (210.0, 165.0, 0.51, 0.52)]):
+        for arm, fid, loss in (("mask0", fid0, loss0), ("mask75", fid75, loss75)):
+            rows += [run_row(arm, seed, 0.5, fid + 100, 0.5 * BUDGET, 0.5, val_loss=loss + 0.3),
+                     run_row(arm, seed, 1.0, fid, BUDGET, 1.0, val_loss=loss)]
+    return _through_csv(tmp_path, rows)
+
+
+def test_both_metrics_are_compared_and_their_disagreement_is_said(split_board):
+    summary = summarize(split_board)
+    (masked,) = [r for r in summary if r.arm == "mask75" and r.point == 1.0]
+    fid, loss = masked.comparisons["fid"].difference, masked.comparisons["val_loss"].difference
+    assert fid.verdict == "better" and loss.verdict.startswith("no difference detected")
+    assert loss.mean == pytest.approx(np.mean([0.02, -0.02, 0.01]))
+    table = render(summary).splitlines()
+    start = table.index("Against mask0 at the final point:")
+    assert "  fid  " in table[start + 3] and "  val_loss  " in table[start + 4]  # side by side
+    assert all("disagree" in line for line in table[start + 3:start + 5])
+    assert "disagree: synth/tiny/1e+12 mask75 at the final point: FD better, val loss no difference detected" in table
+    markdown = render(summary, "markdown")
+    assert "| FD target | FD FLOPs ratio (95% CI) |" in markdown and "| val loss target |" in markdown
+    record = next(r for r in csv.DictReader(io.StringIO(render(summary, "csv"))) if r["arm"] == "mask75"
+                  and r["point"] == "1.0")
+    assert record["fid_verdict"] == "better" and record["agreement"] == "disagree"
+
+
+def test_agreeing_metrics_are_not_marked(paired_board):
+    rows = [dict(row, val_loss=row["fid"] / 1000) for row in paired_board]  # val loss tracks FD exactly
+    table = render(summarize(rows))
+    assert "disagree" not in table.split("FD: Fréchet")[0]
+
+
+# ------------------------------------------------------------------------------------- sampling error
+def test_one_seed_gets_an_interval_from_its_sampling_error_alone(tmp_path):
+    rows = [run_row("mask0", 0, 1.0, 200.0, BUDGET, 1.0, fid_se=5.0, val_loss=0.5)]  # no val_loss_se
+    (record,) = summarize(_through_csv(tmp_path, rows))
+    assert record.metrics["fid"] == pytest.approx((200.0, scipy.stats.norm.ppf(0.975) * 5.0))
+    assert record.eval_only == ("fid",) and math.isnan(record.metrics["val_loss"][1])
+    table = render([record])
+    assert "200 ± 9.8 (eval SE)" in table and "(eval SE): one seed" in table
+
+
+def test_sampling_errors_set_the_eval_share_and_floor_the_mde():
+    arm, base = [150.0, 171.0, 160.0], [200.0, 220.0, 212.0]        # d = -50, -49, -52: s_d = 1.53
+    arm_se, base_se = [6.0, 6.0, 6.0], [8.0, 8.0, 8.0]
+    found = paired_difference(arm, base, arm_se=arm_se, base_se=base_se)
+    d = np.subtract(arm, base)
+    se = d.std(ddof=1) / math.sqrt(3)
+    eval_se = math.sqrt(3 * 36 + 3 * 64) / 3                        # √(Σ se_a² + Σ se_b²) / n = 10/√3
+    assert found.se == pytest.approx(se) and found.eval_se == pytest.approx(eval_se)
+    assert found.eval_share == pytest.approx(eval_se / se)
+    assert found.mde == pytest.approx((T975_DF2 + T80_DF2) * eval_se)  # the eval noise is the larger
+    assert (found.lo, found.hi) == pytest.approx((d.mean() - T975_DF2 * se, d.mean() + T975_DF2 * se))
+    without = paired_difference(arm, base)
+    assert math.isnan(without.eval_se) and without.mde == pytest.approx((T975_DF2 + T80_DF2) * se)
+    assert math.isnan(paired_difference(arm, base, arm_se=arm_se).eval_se)  # one side without: none
+    welch_found = welch_difference(arm, base, arm_se=arm_se, base_se=base_se)
+    assert welch_found.eval_se == pytest.approx(eval_se)
+
+
+def test_summaries_use_sampling_errors_when_every_row_has_one(split_board):
+    with_se = [dict(row, fid_se=40.0) for row in split_board]
+    (masked,) = [r for r in summarize(with_se) if r.arm == "mask75" and r.point == 1.0]
+    fid = masked.comparisons["fid"].difference
+    assert fid.eval_se == pytest.approx(math.sqrt(6 * 40.0**2) / 3) and fid.mde == pytest.approx(
+        (T975_DF2 + T80_DF2) * max(fid.se, fid.eval_se))
+    assert math.isnan(masked.comparisons["val_loss"].difference.eval_se)
+    table = render(summarize(with_se)).splitlines()
+    row = next(line for line in table if " fid " in line and "paired" in line)
+    assert f"  {fid.eval_share:.3g}  " in row
+    one_missing = [dict(row, fid_se=None if row["seed"] == 0 else 40.0) for row in split_board]
+    (masked,) = [r for r in summarize(one_missing) if r.arm == "mask75" and r.point == 1.0]
+    assert math.isnan(masked.comparisons["fid"].difference.eval_se)
+
+
+# --------------------------------------------------------------------------- multiplicity and families
+def test_holm_against_a_hand_computation():
+    """m = 4 tested: sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 -> max(0.06, 0.04) = 0.06."""
+    found = holm([0.01, 0.04, 0.03, 0.005, math.nan])
+    assert found[:4].tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(found[4])
+    assert holm([0.5, 0.6]).tolist() == [1.0, 1.0]  # capped at 1
+    assert holm([0.02]).tolist() == [0.02] and holm([]).size == 0
+
+
+def test_a_correction_withdraws_verdicts_its_p_no_longer_carries():
+    holm_family = Family(("fid",), method="holm")
+    better = paired_difference([150.0, 171.0, 160.0], [200.0, 220.0, 212.0])
+    assert better.verdict == "better" and better.p < 0.05
+    kept = corrected_difference(better, 0.049, holm_family)
+    assert kept.verdict == "better" and kept.p_adj == 0.049
+    withdrawn = corrected_difference(better, 0.06, holm_family)
+    assert withdrawn.verdict.startswith("no difference detected after holm (uncorrected: better)")
+    ratio = ratio_summary([0.5, 0.55, 0.6])
+    assert ratio_verdict(ratio, 0.05) == "pays"
+    from dataclasses import replace
+    assert ratio_verdict(replace(ratio, p_adj=0.2), 0.05) == "undecided"
+
+
+def test_a_bound_gets_no_verdict_and_leaves_pays_and_agreement_undecided():
+    """Bounds are not tested: a lower bound well above 1 is not "does not pay", an upper bound well below 1
+    is not "pays", and beside a ratio that pays the plan's "pays" stays undecided."""
+    lower = ratio_summary([2.0, 1.8, 1.6], bounds=[">", "", ""])
+    upper = ratio_summary([0.3, 0.35, 0.4], bounds=["<=", "<=", ""])
+    assert lower.geomean > 1 and ratio_verdict(lower, 0.05) == "not reached (1/3)"
+    assert upper.hi < 1 and ratio_verdict(upper, 0.05) == "reached at first point"
+    pays = ratio_verdict(ratio_summary([0.5, 0.55, 0.6]), 0.05)
+    for bound in (ratio_verdict(lower, 0.05), ratio_verdict(upper, 0.05)):
+        assert Family().pays({"fid": pays, "val_loss": bound}) == "undecided"
+        assert agreement([bound, "undecided"]) == "agree" and agreement([bound, pays]) == "disagree"
+
+
+def test_correct_adjusts_the_plans_tests_together(paired_board):
+    """One arm, planned metric fid: the final difference and the FLOPs ratio at horizon 1 (horizon 0.5 is a
+    bound, not a test): Holm over m = 2 by hand."""
+    summary = summarize(paired_board)
+    c = next(r for r in summary if r.comparisons).comparisons["fid"]
+    p_diff, p_ratio = c.difference.p, c.targets[-1].ratios["train_flops"].p
+    corrected, tests = correct(summary, Family(("fid",), method="holm"))
+    assert tests == 2
+    low, high = sorted((p_diff, p_ratio))
+    expected = {low: min(1.0, 2 * low), high: min(1.0, max(2 * low, high))}
+    c = next(r for r in corrected if r.comparisons).comparisons["fid"]
+    assert c.difference.p_adj == pytest.approx(expected[p_diff])
+    assert c.targets[-1].ratios["train_flops"].p_adj == pytest.approx(expected[p_ratio])
+    assert c.targets[-1].ratios["gpu_hours"].p_adj == c.targets[-1].ratios["gpu_hours"].p  # not planned
+    unplanned, none = correct(summary, Family(("clip_score",), method="holm"))
+    assert none == 0 and unplanned == summary

@@ -54,6 +54,27 @@ def test_stop_mid_phase_and_resume_is_bit_identical(tmp_path, synth_root):
     assert ema_a == ema_b
 
 
+def test_a_resume_decodes_no_sample_before_its_position(tmp_path, synth_root, monkeypatch):
+    """Resuming seeks: the resumed process decodes exactly the samples of the steps it has left, whether it
+    resumes early or late (a replay would decode every earlier step's batch again)."""
+    import maskbench.train.loop as loop
+
+    decoded, real_decoder = [], loop.loader_decoder
+
+    def counting_decoder(data, model_cfg):
+        decode = real_decoder(data, model_cfg)
+        return lambda sample: decoded.append(sample["__key__"]) or decode(sample)
+
+    monkeypatch.setattr(loop, "loader_decoder", counting_decoder)
+    for stop in (2, 9):
+        extra = ("arm=mask0", "eval.points=[1.0]", "budget.flops=2e9")
+        _run(tmp_path / str(stop), synth_root, *extra, f"train.stop_at_step={stop}")
+        decoded.clear()
+        resumed = _run(tmp_path / str(stop), synth_root, *extra)
+        steps = len(_losses(resumed))
+        assert steps > 9 and len(decoded) == (steps - stop) * 8, (stop, steps, len(decoded))
+
+
 def test_finished_run_is_not_retrained(tmp_path, synth_root, capsys):
     run_dir = _run(tmp_path, synth_root, "arm=mask0")
     before = (run_dir / "metrics.jsonl").read_text()
@@ -64,7 +85,9 @@ def test_finished_run_is_not_retrained(tmp_path, synth_root, capsys):
 
 def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(tmp_path, synth_root):
     run_dir = _run(tmp_path, synth_root, "arm=mask75")
-    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"point-0.5", "point-1"}
+    names = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert {"point-0.5", "point-1"} <= names  # and the trunk's checkpoint at the 0.5 horizon's fork
+    assert all(name.startswith("step-") for name in names - {"point-0.5", "point-1"})
     for point in ("point-0.5", "point-1"):
         assert (run_dir / "samples" / point / "grid.png").stat().st_size > 0
         assert len(list((run_dir / "samples" / point).glob("0*.png"))) == 8
@@ -79,21 +102,25 @@ def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(tmp_path, synt
     assert rows[-1]["train_flops"] <= 2.5e9
 
 
-def _add_corrupt_shard(src: Path, dst: Path) -> None:
-    """Copy the dataset and add a shard of undecodable / captionless / non-UTF-8 samples to train/."""
+def _add_corrupt_samples(src: Path, dst: Path) -> None:
+    """Copy the dataset, and put undecodable / captionless / non-UTF-8 samples at the start of every
+    training shard: whichever shard the loader draws first, its first block holds them."""
     shutil.copytree(src, dst)
-    shard = dst / "train" / "shard-corrupt.tar"
-    members = {"000000900.png": b"not a png", "000000900.txt": b"a red circle",
-               "000000901.png": _a_png(src),
-               "000000901.txt": b"", "000000902.png": _a_png(src), "000000902.txt": b"\xff\xfe bad"}
-    with tarfile.open(shard, "w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
     manifest = json.loads((dst / "train" / "manifest.json").read_text())
-    manifest["shards"].append({"name": shard.name, "count": 3, "sha256": "", "bytes": shard.stat().st_size})
-    manifest["total"] += 3
+    for index, entry in enumerate(manifest["shards"]):
+        shard = dst / "train" / entry["name"]
+        with tarfile.open(shard) as tar:
+            good = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+        key = f"9{index:02d}"
+        bad = {f"{key}0.png": b"not a png", f"{key}0.txt": b"a red circle", f"{key}1.png": _a_png(src),
+               f"{key}1.txt": b"", f"{key}2.png": _a_png(src), f"{key}2.txt": b"\xff\xfe bad"}
+        with tarfile.open(shard, "w") as tar:
+            for name, data in [*bad.items(), *((m.name, data) for m, data in good)]:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        entry.update(count=entry["count"] + 3, sha256="", bytes=shard.stat().st_size)
+        manifest["total"] += 3
     (dst / "train" / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -105,9 +132,9 @@ def _a_png(src: Path) -> bytes:
 
 def test_corrupt_samples_are_skipped_and_counted(tmp_path, synth_root):
     data = tmp_path / "corrupt"
-    _add_corrupt_shard(synth_root, data)
+    _add_corrupt_samples(synth_root, data)
     run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", f"data.path={data}",
-                                               "data.max_bad_fraction=0.99", "budget.flops=1e9",
+                                               "data.max_bad_fraction=0.99", "budget.flops=2e9",
                                                "eval.points=[1.0]")))
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["bad_samples"].get("undecodable_image", 0) > 0

@@ -98,10 +98,18 @@ def paired_cosines(image_features: torch.Tensor, text_features: torch.Tensor) ->
     return (F.normalize(image_features, dim=-1) * F.normalize(text_features, dim=-1)).sum(-1)
 
 
-def clip_metrics(cosines: np.ndarray | Sequence[float]) -> dict[str, float]:
-    """clip_cos = mean cosine (MLPerf); clip_score = 100 · max(mean cosine, 0) (torchmetrics)."""
+def clip_metrics(cosines: np.ndarray | Sequence[float], counts: np.ndarray | None = None) -> dict[str, float]:
+    """clip_cos = mean cosine (MLPerf); clip_score = 100 · max(mean cosine, 0) (torchmetrics).
+
+    With `counts` (R×N bootstrap resamples of the samples, fid.bootstrap_counts) also clip_score_se: the
+    SD of clip_score over the resamples, the sampling error of a mean of per-sample cosines.
+    """
     clip_cos = float(np.mean(cosines))
-    return {"clip_cos": clip_cos, "clip_score": 100.0 * max(clip_cos, 0.0)}
+    scores = {"clip_cos": clip_cos, "clip_score": 100.0 * max(clip_cos, 0.0)}
+    if counts is not None:
+        resampled = 100.0 * np.maximum(counts @ np.asarray(cosines, np.float64) / len(cosines), 0.0)  # R
+        scores["clip_score_se"] = float(resampled.std(ddof=1))
+    return scores
 
 
 class ClipScorer:

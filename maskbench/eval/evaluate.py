@@ -26,12 +26,12 @@ from maskbench.data.synth import scene_from_json
 from maskbench.config import ConfigError
 from maskbench.eval.clip import ClipScorer, check_clip, clip_metrics
 from maskbench.eval.decode import LatentDecoder, resolve_vae
-from maskbench.eval.fid import (DinoV2Features, FeatureStats, InceptionFeatures, gather_features, load_stats,
-                                reference_stats)
+from maskbench.eval.fid import (DinoV2Features, FeatureStats, InceptionFeatures, bootstrap_counts, bootstrap_frechet,
+                                gather_features, load_stats, reference_stats)
 from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
 from maskbench.models.build import batch_context
-from maskbench.models.objective import flow_loss
+from maskbench.models.objective import interpolate
 
 
 @dataclass
@@ -65,13 +65,41 @@ def load_eval_set(data: DatasetInfo, n: int) -> EvalSet:
                    [meta for _, meta in decoded], text)
 
 
+@dataclass
+class ValidationLoss:
+    """The fixed-t validation loss of the first n held-out samples, and each sample's loss behind it."""
+    per_t: list[float]          # T: the mean loss over the samples at each t
+    per_sample: np.ndarray      # n×T: each sample's loss at each t
+
+    @property
+    def value(self) -> float:
+        """The metric (MLPerf Flux's): the mean over t of the per-t means."""
+        return float(np.mean(self.per_t))
+
+    @property
+    def se(self) -> float | None:
+        """Its sampling error over held-out samples: each sample's loss averaged over the t values, then
+        SD / sqrt(n) (None below two samples)."""
+        losses = self.per_sample.mean(axis=1)                                       # n
+        return float(losses.std(ddof=1) / np.sqrt(len(losses))) if len(losses) > 1 else None
+
+
+def squared_errors(model: nn.Module, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
+                   mask: torch.Tensor) -> torch.Tensor:
+    """The unmasked flow loss's squared velocity error per token, B×L×P: its mean is `flow_loss` (no
+    keep_idx) bit for bit, the same tensor reduced the same way; per sample it gives the loss's error."""
+    target = model.patchify(noise - x0)                                              # B×L×P
+    pred = model(interpolate(x0, noise, t), t, context, mask)                        # B×L×P
+    return (pred.float() - target.float()) ** 2
+
+
 @torch.no_grad()
-def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], noise_seed: int,
-                    batch_size: int, device: torch.device, n: int | None = None) -> tuple[float, list[float]]:
+def measure_validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], noise_seed: int,
+                            batch_size: int, device: torch.device, n: int | None = None) -> ValidationLoss:
     """Unmasked rectified-flow loss at fixed t on the first n held-out samples (default: all) with fixed
-    noise (MLPerf Flux's metric)."""
+    noise (MLPerf Flux's metric), per t and per sample."""
     n = len(evalset.captions) if n is None else n
-    per_t = []
+    per_t, per_sample = [], np.zeros((n, len(t_values)))                            # n×T
     for j, t_value in enumerate(t_values):
         total = 0.0
         for start in range(0, n, batch_size):
@@ -80,9 +108,18 @@ def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], n
             noise = fixed_noise(range(start, start + len(x0)), tuple(x0.shape[1:]), noise_seed + 7919 * (j + 1))
             t = torch.full((len(x0),), t_value, device=device)                      # B
             context, mask = batch_context(model, batch, device)
-            total += flow_loss(model, x0, noise.to(device), t, context, mask).item() * len(x0)  # every token
+            errors = squared_errors(model, x0, noise.to(device), t, context, mask)  # B×L×P, every token
+            total += errors.mean().item() * len(x0)
+            per_sample[start:start + len(x0), j] = errors.flatten(1).mean(1).double().cpu().numpy()  # B
         per_t.append(total / n)
-    return float(np.mean(per_t)), per_t
+    return ValidationLoss(per_t, per_sample)
+
+
+def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], noise_seed: int,
+                    batch_size: int, device: torch.device, n: int | None = None) -> tuple[float, list[float]]:
+    """The validation loss and its per-t values (what a `val_loss_within` rule and `maskbench repro` read)."""
+    measured = measure_validation_loss(model, evalset, t_values, noise_seed, batch_size, device, n)
+    return measured.value, measured.per_t
 
 
 @torch.no_grad()
@@ -103,6 +140,12 @@ def generate(model: nn.Module, evalset: EvalSet, indices: range, cfg: EvalConfig
         x = euler_sample(model, noise, context, mask, cfg.sampler_steps, cfg.cfg_scale)
         out.append(to_uint8(decoder(x) if decoder else x))                          # B×H×W×3
     return torch.cat(out)                                                           # N×H×W×3
+
+
+def samples_at(cfg: EvalConfig, point: float | None) -> int:
+    """Images generated at an eval point: eval.final_n_samples at the final point (1.0, when set),
+    eval.n_samples elsewhere (and when no point is named)."""
+    return cfg.final_n_samples if point == 1.0 and cfg.final_n_samples is not None else cfg.n_samples
 
 
 def rank_share(n: int, rank: int, world: int) -> range:
@@ -140,7 +183,7 @@ class Evaluator:
     def __init__(self, data: DatasetInfo, cfg: EvalConfig, device: torch.device, scores: bool = True):
         """scores=False (ranks other than the main one) loads only what sampling and decoding need."""
         self.data, self.cfg, self.device = data, cfg, device
-        self.evalset = load_eval_set(data, max(cfg.n_samples, cfg.val_samples))
+        self.evalset = load_eval_set(data, max(cfg.n_samples, samples_at(cfg, 1.0), cfg.val_samples))
         self.decoder = LatentDecoder(resolve_vae(data.vae, cfg.vae), device) if data.latent else None
         self.extractor, self.reference, self.oracle, self.clip = None, None, None, None
         self.dinov2, self.dinov2_reference = None, None
@@ -158,9 +201,10 @@ class Evaluator:
         if cfg.clip_model:
             self.clip = ClipScorer(cfg.clip_model, cfg.clip_weights, device)
 
-    def evaluate(self, model: nn.Module, out_dir: Path, accelerator: Accelerator | None = None) -> dict | None:
-        """All metrics of one eval point, with the model in eval mode; a flat dict of results on the main
-        process (None elsewhere).
+    def evaluate(self, model: nn.Module, out_dir: Path, accelerator: Accelerator | None = None,
+                 point: float | None = None) -> dict | None:
+        """All metrics of one eval point, each with its sampling error, with the model in eval mode; a flat
+        dict of results on the main process (None elsewhere). `point` picks the sample count (`samples_at`).
 
         Under several processes every rank samples its share of the prompts and the images are
         gathered in prompt order; the metrics are then computed once, on the main process.
@@ -169,41 +213,68 @@ class Evaluator:
         rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
         was_training = model.training
         model.eval()
-        images = generate(model, evalset, rank_share(cfg.n_samples, rank, world), cfg, self.device, self.decoder)
+        share = rank_share(samples_at(cfg, point), rank, world)
+        images = generate(model, evalset, share, cfg, self.device, self.decoder)
         if world > 1:
             images = torch.from_numpy(gather_features(images, accelerator))         # N×H×W×3, prompt order
         result = None
         if rank == 0:
-            val_loss, per_t = validation_loss(model, evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device,
-                                              cfg.val_samples)
-            result = {"val_loss": val_loss, "val_loss_per_t": per_t}
+            result = self.loss_metrics(model)
             result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
             result.update(self.image_metrics(images))
         model.train(was_training)
         return result
 
+    def loss_metrics(self, model: nn.Module) -> dict:
+        """The fixed-t validation loss, its sampling error over held-out samples and its per-t values."""
+        cfg = self.cfg
+        loss = measure_validation_loss(model, self.evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device,
+                                       cfg.val_samples)
+        return {"val_loss": loss.value, "val_loss_se": loss.se, "val_loss_per_t": loss.per_t}
+
     def image_metrics(self, images: torch.Tensor) -> dict:
-        """FID (or oracle FD), alignment and CLIP of generated images for the first N prompts."""
-        n = len(images)
+        """FID (or oracle FD), alignment and CLIP of generated images for the first N prompts, each with
+        its sampling error (`*_se`; FD and CLIP by bootstrap over the samples, eval.bootstrap_resamples)."""
+        n, resamples = len(images), self.cfg.bootstrap_resamples
+        counts = bootstrap_counts(n, resamples) if resamples else None                 # R×N, the same for each metric
         out = {}
         if self.extractor is not None:
-            generated = FeatureStats.from_features(self.extractor(images), self.extractor.name)
-            out.update(fid=self.reference.frechet_distance(generated), fid_features=self.extractor.name, fid_n=n,
-                       fid_ref=self.reference.label)
+            out.update(frechet_metrics("fid", self.extractor(images), self.extractor.name, self.reference, counts),
+                       fid_features=self.extractor.name, fid_n=n, fid_ref=self.reference.label)
         if self.dinov2 is not None:
-            generated = FeatureStats.from_features(self.dinov2(images), self.dinov2.name)
-            out.update(fd_dinov2=self.dinov2_reference.frechet_distance(generated),
+            out.update(frechet_metrics("fd_dinov2", self.dinov2(images), self.dinov2.name, self.dinov2_reference,
+                                       counts),
                        fd_dinov2_features=self.dinov2.name)
         if self.oracle is not None:
             scenes = [scene_from_json(meta) for meta in self.evalset.meta[:n]]
-            out["align_acc"] = self.oracle.alignment(images, scenes)
+            accuracy = float(self.oracle.matches(images, scenes).mean())
+            out.update(align_acc=accuracy, align_acc_se=binomial_se(accuracy, n))
         if self.clip is not None:
-            scores = clip_metrics(self.clip(images, self.evalset.captions[:n]))
+            scores = clip_metrics(self.clip(images, self.evalset.captions[:n]), counts)
             if self.clip.is_random:  # no weights given: a plumbing check, kept out of the CLIP columns
                 out["clip_random_init"] = scores
             else:
                 out.update(scores, clip_model=self.clip.model_label)
         return out
+
+
+def frechet_metrics(name: str, features: np.ndarray, features_name: str, reference: FeatureStats,
+                    counts: np.ndarray | None) -> dict:
+    """`name`: the Fréchet distance of the N×F features to the reference; with `counts` (R×N bootstrap
+    resamples of the feature rows) also `name_se`, its SD over the resamples, and `name_ci`, their 95%
+    percentile interval (eval.jsonl only). With few samples in many dimensions the resamples, ~63% distinct
+    rows each, sit above the point value (FD's bias grows as samples fall): the interval need not cover it."""
+    distance = reference.frechet_distance(FeatureStats.from_features(features, features_name))
+    if counts is None:
+        return {name: distance}
+    resampled = bootstrap_frechet(features, reference, counts)                      # R
+    return {name: distance, f"{name}_se": float(resampled.std(ddof=1)),
+            f"{name}_ci": [float(bound) for bound in np.percentile(resampled, [2.5, 97.5])]}
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a fraction of n independent hits: sqrt(p (1 - p) / n) (plug-in)."""
+    return float(np.sqrt(p * (1.0 - p) / n))
 
 
 def reference_stats_path(data: DatasetInfo, cfg: EvalConfig) -> Path:
@@ -233,10 +304,18 @@ def check_eval_inputs(data: DatasetInfo, cfg: EvalConfig) -> None:
     silently reduced to the validation loss. So the VAE (latent data), the Inception weights and the
     reference statistics at the resolution the samples will have must all be there.
     """
+    if cfg.final_n_samples is not None and cfg.final_n_samples < 2:
+        raise ConfigError(f"eval.final_n_samples must be at least 2 (a Fréchet distance needs two samples), "
+                          f"got {cfg.final_n_samples}")
+    if cfg.bootstrap_resamples < 0 or cfg.bootstrap_resamples == 1:
+        raise ConfigError(f"eval.bootstrap_resamples must be 0 (no bootstrap errors) or at least 2 (an SD needs "
+                          f"two), got {cfg.bootstrap_resamples}")
     n_val = read_manifest(data.val_dir)["total"]
-    if cfg.n_samples > n_val or cfg.val_samples > n_val:
-        raise ConfigError(f"eval.n_samples={cfg.n_samples} / eval.val_samples={cfg.val_samples} exceed the "
-                          f"{n_val} held-out prompts in {data.val_dir}")
+    counts = {"eval.n_samples": cfg.n_samples, "eval.final_n_samples": cfg.final_n_samples,
+              "eval.val_samples": cfg.val_samples}
+    if any(count is not None and count > n_val for count in counts.values()):
+        named = " / ".join(f"{key}={count}" for key, count in counts.items() if count is not None)
+        raise ConfigError(f"{named} exceed the {n_val} held-out prompts in {data.val_dir}")
     if data.latent:
         resolve_vae(data.vae, cfg.vae)
     if not data.synthetic:

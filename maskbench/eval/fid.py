@@ -65,11 +65,18 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
             f"statistics do not match: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}"
         )
     root1 = _psd_sqrt(sigma1)
-    product_eigs = linalg.eigvalsh(root1 @ sigma2 @ root1)
-    tr_covmean = np.sqrt(np.clip(product_eigs, 0.0, None)).sum()
-    diff = mu1 - mu2
-    distance = diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_covmean
+    return _distance(mu1 - mu2, np.trace(sigma1), np.trace(sigma2), _trace_sqrt(root1 @ sigma2 @ root1))
+
+
+def _distance(diff: np.ndarray, trace1: float, trace2: float, tr_covmean: float) -> float:
+    """||mu1 - mu2||^2 + tr S1 + tr S2 - 2 tr (S1 S2)^1/2, from its parts."""
+    distance = diff @ diff + trace1 + trace2 - 2.0 * tr_covmean
     return max(float(distance), 0.0)  # a squared distance; only rounding can take it below 0
+
+
+def _trace_sqrt(psd: np.ndarray) -> float:
+    """tr(M^1/2) of a symmetric PSD matrix: the sum of square roots of its eigenvalues (below 0: rounding)."""
+    return float(np.sqrt(np.clip(linalg.eigvalsh(psd), 0.0, None)).sum())
 
 
 def _psd_sqrt(sigma: np.ndarray) -> np.ndarray:
@@ -106,6 +113,42 @@ class FeatureStats:
         if self.features_name != other.features_name:
             raise ValueError(f"cannot compare {self.features_name!r} features with {other.features_name!r} features")
         return frechet_distance(self.mu, self.sigma, other.mu, other.sigma)
+
+
+BOOTSTRAP_SEED = 0  # fixed: re-evaluating a point draws the same resamples, so it reproduces the errors
+
+
+def bootstrap_counts(n: int, resamples: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """How often each of n samples is drawn in each of `resamples` resamples of n with replacement: R×n."""
+    return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=resamples)
+
+
+def bootstrap_frechet(features: np.ndarray, reference: FeatureStats, counts: np.ndarray) -> np.ndarray:
+    """The Fréchet distance to the fixed `reference` of each bootstrap resample of the feature rows: R.
+
+    Each resample's trace term tr((S S_ref)^1/2) = tr((S_ref^1/2 S S_ref^1/2)^1/2) needs no square root
+    of its own: with A the drawn rows, centred, weighted by sqrt(count / (n-1)) and multiplied by
+    S_ref^1/2 (computed once), S_ref^1/2 S S_ref^1/2 = A^T A, whose non-zero eigenvalues are those of
+    A A^T. So one symmetric eigen-decomposition of the smaller of the two Gram matrices (the ~63%
+    distinct rows of a resample, or the feature dimension) gives it.
+    """
+    x = features.astype(np.float64)                                                # N×F
+    root = _psd_sqrt(reference.sigma)                                              # F×F
+    z = x @ root                                                                   # N×F: rows x_i S_ref^1/2
+    trace_ref = float(np.trace(reference.sigma))
+    return np.array([_resample_distance(x, z, root, c, reference.mu, trace_ref) for c in counts])  # R
+
+
+def _resample_distance(x: np.ndarray, z: np.ndarray, root: np.ndarray, counts: np.ndarray, mu_ref: np.ndarray,
+                       trace_ref: float) -> float:
+    """FD to the reference of the resample that draws row i counts[i] times (np.cov's n-1 normalisation)."""
+    n, drawn = counts.sum(), counts > 0
+    weights = counts[drawn, None].astype(np.float64)                               # k×1
+    mu = (weights * x[drawn]).sum(0) / n                                           # F
+    trace = float((weights * (x[drawn] - mu) ** 2).sum()) / (n - 1)                # tr S
+    a = np.sqrt(weights / (n - 1)) * (z[drawn] - mu @ root)                        # k×F
+    gram = a @ a.T if len(a) <= a.shape[1] else a.T @ a                            # k×k or F×F
+    return _distance(mu - mu_ref, trace, trace_ref, _trace_sqrt(gram))
 
 
 def save_stats(path: str | os.PathLike, stats: FeatureStats) -> None:

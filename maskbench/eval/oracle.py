@@ -161,14 +161,17 @@ class Oracle:
         occupied = classes["shape"] > 0  # N×4
         return {name: c if name == "shape" else np.where(occupied, c, synth.NO_LABEL) for name, c in classes.items()}
 
-    def alignment(self, images: np.ndarray | torch.Tensor, scenes: Sequence[synth.Scene]) -> float:
-        """Fraction of images whose every cell matches the prompt's scene (shape-or-empty; colour and
-        size where occupied)."""
+    def matches(self, images: np.ndarray | torch.Tensor, scenes: Sequence[synth.Scene]) -> np.ndarray:
+        """Whether each image's every cell matches its prompt's scene (shape-or-empty; colour and size
+        where occupied): N booleans."""
         if len(scenes) != len(images):
             raise ValueError(f"got {len(images)} images but {len(scenes)} scenes")
         predicted, expected = self.predict(images), stack_labels(scenes)
-        exact = np.logical_and.reduce([(predicted[k] == expected[k]).all(axis=1) for k in HEAD_CLASSES])  # N
-        return float(exact.mean())
+        return np.logical_and.reduce([(predicted[k] == expected[k]).all(axis=1) for k in HEAD_CLASSES])  # N
+
+    def alignment(self, images: np.ndarray | torch.Tensor, scenes: Sequence[synth.Scene]) -> float:
+        """Fraction of images that match their prompt's scene exactly."""
+        return float(self.matches(images, scenes).mean())
 
 
 def save_oracle(net: OracleNet, path: str | Path, train_args: dict) -> None:

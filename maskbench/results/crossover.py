@@ -6,13 +6,14 @@ batch 16), so the answer is a function, not a number. One cell is (model, batch 
 horizon is an eval point of a single-phase arm, a valid shorter run under the constant learning rate
 (a two-phase arm's early points are not: its phase boundaries move with the budget).
 
-Per seed (the two arms share initial weights, data order and evaluation noise):
-    ratio_s = FLOPs the masked run needs to reach the baseline's metric at the horizon
-              / the baseline's FLOPs at the horizon,
-read off the masked run's curve by `compute_to_target`. ratio < 1: masking reaches the same quality with
-less compute. A ratio is only bounded when the masked curve reaches the target at its first point (<=) or
-never (>); the cell then says so instead of pretending to a value. The cell's ratio is the geometric mean
-over seeds with a Student-t interval on log ratio (ratios multiply, so their logs are what averages).
+Per seed (the two arms share initial weights, data order and evaluation noise), on FD and validation
+loss alike (co-primary), the target is the baseline run's value at the horizon read off the monotone
+fit of its curve, and
+    ratio_s = FLOPs the masked run needs to reach it / FLOPs the baseline run needs to reach it,
+both read off the runs' monotone fits (`stats.seed_ratio`). ratio < 1: masking reaches the same quality
+with less compute. A ratio is only bounded when the masked run is there at its first point (<=) or never
+(>); the cell then says so instead of pretending to a value. The cell's ratio is the geometric mean over
+seeds with a Student-t interval on log ratio (ratios multiply, so their logs are what averages).
 """
 
 from __future__ import annotations
@@ -21,21 +22,34 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from maskbench.results.leaderboard import Row
-from maskbench.results.stats import (LOWER_IS_BETTER, Difference, compute_to_target, paired_difference,
-                                     ratio_summary, source_family)
+from maskbench.results.stats import (CO_PRIMARY, EXPLORATORY, LABELS, LOWER_IS_BETTER, Difference, Family, Ratio,
+                                     adjust, agreement, corrected_difference, horizon_target, paired_difference,
+                                     ratio_summary, ratio_verdict, sampling_ses, seed_ratio, source_family)
 
-Bound = str  # "" a value, "<=" reached at the masked run's first point, ">" not reached within its points
+if TYPE_CHECKING:  # matplotlib loads only when a map is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One metric's reading of a cell, pooled over the seeds both arms ran."""
+
+    ratio: Ratio                   # per-seed FLOPs ratios (or their bounds): geometric mean, log t-interval, p
+    difference: Difference | None  # masked − baseline at the horizon, paired by seed, with its verdict
+                                   # (None when the masked arm has no eval point at that horizon)
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One (model, batch size, horizon) cell of the map, pooled over the seeds both arms ran."""
+    """One (model, batch size, horizon) cell of the map."""
 
     model: str
     params: int
@@ -43,40 +57,28 @@ class Cell:
     point: float                  # horizon as a fraction of the budget
     horizon_flops: float          # the baseline's mean train FLOPs at that point
     n: int                        # seeds with both arms
-    ratio: float                  # geometric mean of the per-seed ratios (or of their bounds)
-    ratio_ci: tuple[float, float] | None  # its 95% interval (None for one seed)
-    bound: Bound                  # "" unless some seed's ratio is only a bound: then the worst such
-    difference: Difference | None  # masked − baseline at the horizon, paired by seed, with its verdict
-                                   # (None when the masked arm has no eval point at that horizon)
-
-    @property
-    def pays(self) -> bool | None:
-        """True when the whole interval of the ratio lies below 1, False above, None undecided."""
-        if self.bound == ">" and self.ratio >= 1:
-            return False
-        if self.ratio_ci is None or self.bound:
-            return None
-        low, high = self.ratio_ci
-        return True if high < 1 else False if low > 1 else None
+    readings: dict[str, Reading]  # by metric: FD and val loss (and a plan's primary metrics), where measured
 
 
 def crossover_cells(rows: Sequence[Row], arm: str = "mask75", baseline: str = "mask0",
-                    metric: str = "fid") -> list[Cell]:
-    """Every (model, batch size, baseline eval point) cell with at least one seed run by both arms."""
-    if metric not in LOWER_IS_BETTER:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(LOWER_IS_BETTER)}")
-    curves: dict[tuple, dict[str, dict[int, list[Row]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    latest = {(row["run_id"], row["point"]): row for row in rows if not row["source"] and row[metric] is not None}
+                    metrics: Sequence[str] = CO_PRIMARY, level: float = 0.95) -> list[Cell]:
+    """Every (model, batch size, baseline eval point) cell with at least one seed run by both arms, read on
+    each of `metrics` the rows measure, intervals at `level`."""
+    unknown = [metric for metric in metrics if metric not in LOWER_IS_BETTER]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; choose from {', '.join(LOWER_IS_BETTER)}")
+    runs: dict[tuple, dict[str, dict[int, list[Row]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    latest = {(row["run_id"], row["point"]): row for row in rows if not row["source"]}
     for row in latest.values():
         if row["arm"] in (arm, baseline):
             key = (row["dataset"], row["model"], row["batch_size"], row["budget_flops"], source_family(row))
-            curves[key][row["arm"]][row["seed"]].append(row)
+            runs[key][row["arm"]][row["seed"]].append(row)
     cells = []
-    for key in sorted(curves, key=lambda k: (k[0], _first(curves[k])["params"], *k[1:])):
-        by_arm = curves[key]
+    for key in sorted(runs, key=lambda k: (k[0], _first(runs[k])["params"], *k[1:])):
+        by_arm = runs[key]
         seeds = sorted(set(by_arm[arm]) & set(by_arm[baseline]))
         if seeds:
-            cells.extend(_cells(by_arm[baseline], by_arm[arm], seeds, metric))
+            cells.extend(_cells(by_arm[baseline], by_arm[arm], seeds, metrics, level))
     return cells
 
 
@@ -84,94 +86,239 @@ def _first(by_arm: dict[str, dict[int, list[Row]]]) -> Row:
     return next(iter(next(iter(by_arm.values())).values()))[0]
 
 
-def _cells(base: dict[int, list[Row]], masked: dict[int, list[Row]], seeds: list[int], metric: str) -> list[Cell]:
+def _cells(base: dict[int, list[Row]], masked: dict[int, list[Row]], seeds: list[int], metrics: Sequence[str],
+           level: float) -> list[Cell]:
     """The cells of one (model, batch, budget) pair of runs: one per baseline eval point all seeds have."""
-    lower = LOWER_IS_BETTER[metric]
     points = sorted(set.intersection(*({r["point"] for r in base[s]} for s in seeds)))
     first = base[seeds[0]][0]
     cells = []
     for point in points:
-        ratios, bounds, pairs, flops = [], [], [], []
-        for seed in seeds:
-            at = next(r for r in base[seed] if r["point"] == point)
-            curve = sorted((r["train_flops"], r[metric]) for r in masked[seed])
-            needed = compute_to_target(curve, at[metric], higher_is_better=not lower)
-            if needed is None:
-                ratios.append(curve[-1][0] / at["train_flops"])
-                bounds.append(">")
-            else:
-                ratios.append(needed / at["train_flops"])
-                bounds.append("<=" if needed == curve[0][0] else "")
-            same = [r[metric] for r in masked[seed] if r["point"] == point]
-            pairs.append((same[0], at[metric]) if same else None)
-            flops.append(at["train_flops"])
-        difference = paired_difference(*zip(*pairs), lower_is_better=lower) if None not in pairs else None
-        cells.append(_cell(first, point, float(np.mean(flops)), ratios, bounds, difference))
+        flops = [next(r["train_flops"] for r in base[s] if r["point"] == point) for s in seeds]
+        readings = {metric: _reading(base, masked, seeds, metric, point, level) for metric in metrics}
+        cells.append(Cell(model=first["model"], params=first["params"], batch_size=first["batch_size"],
+                          point=point, horizon_flops=float(np.mean(flops)), n=len(seeds),
+                          readings={metric: r for metric, r in readings.items() if r is not None}))
     return cells
 
 
-def _cell(first: Row, point: float, horizon_flops: float, ratios: list[float], bounds: list[Bound],
-          difference: Difference | None) -> Cell:
-    """Pool the seeds: geometric mean and log-scale t-interval of the ratios; the worst bound any seed has."""
-    summary = ratio_summary(ratios)
-    ci = None if math.isnan(summary.lo) else (summary.lo, summary.hi)
-    bound = ">" if ">" in bounds else "<=" if "<=" in bounds else ""
-    return Cell(model=first["model"], params=first["params"], batch_size=first["batch_size"], point=point,
-                horizon_flops=horizon_flops, n=len(ratios), ratio=summary.geomean, ratio_ci=ci, bound=bound,
-                difference=difference)
+def _reading(base: dict[int, list[Row]], masked: dict[int, list[Row]], seeds: list[int], metric: str,
+             point: float, level: float) -> Reading | None:
+    """One metric at one horizon: per-seed ratios and the paired difference there; None where a seed's
+    baseline has no value of the metric at the horizon."""
+    at = [next(r for r in base[s] if r["point"] == point) for s in seeds]
+    if any(r[metric] is None for r in at):
+        return None
+    readings = [seed_ratio(masked[s], base[s], metric, "train_flops", horizon_target(base[s], metric, point))
+                for s in seeds]
+    ratio = ratio_summary([r for r, _ in readings], level, [bound for _, bound in readings])
+    if ratio is None:
+        return None
+    same = [next((r for r in masked[s] if r["point"] == point and r[metric] is not None), None) for s in seeds]
+    difference = None if None in same else paired_difference(
+        [r[metric] for r in same], [r[metric] for r in at], LOWER_IS_BETTER[metric], level,
+        arm_se=sampling_ses(same, metric), base_se=sampling_ses(at, metric))
+    return Reading(ratio, difference)
 
 
-def render_cells(cells: Sequence[Cell]) -> str:
-    """The map as a markdown table, one line per cell."""
-    lines = ["| model | params | batch | horizon | FLOPs | n | FLOPs ratio (95% CI) | pays | masked − baseline "
-             "(95% CI) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+def correct_cells(cells: Sequence[Cell], family: Family) -> tuple[list[Cell], int]:
+    """The cells with the p-values of the family's tests adjusted together (`stats.adjust`), each
+    difference's verdict re-read at the corrected p, and the number of tests in the family: per cell and
+    planned metric, the FLOPs ratio (when FLOPs is the plan's compute axis) and the paired difference."""
+    def planned_ps(metric: str, reading: Reading) -> list[float]:
+        return [reading.ratio.p if family.planned(metric, "train_flops") else math.nan,
+                reading.difference.p if reading.difference else math.nan]
+
+    pvalues = [p for cell in cells for metric, reading in cell.readings.items() if family.planned(metric)
+               for p in planned_ps(metric, reading)]
+    adjusted = iter(adjust(pvalues, family))
+    out = []
+    for cell in cells:
+        readings = {}
+        for metric, reading in cell.readings.items():
+            if family.planned(metric):
+                ratio_p, difference_p = float(next(adjusted)), next(adjusted)
+                reading = Reading(
+                    replace(reading.ratio, p_adj=ratio_p) if family.planned(metric, "train_flops") else reading.ratio,
+                    reading.difference and corrected_difference(reading.difference, difference_p, family))
+            readings[metric] = reading
+        out.append(replace(cell, readings=readings))
+    return out, int(np.sum(~np.isnan(np.asarray(pvalues, dtype=float))))
+
+
+def cell_verdicts(cell: Cell, alpha: float) -> dict[str, str]:
+    """Per metric, what the cell's FLOPs ratio allows one to say (`stats.ratio_verdict`)."""
+    return {metric: ratio_verdict(reading.ratio, alpha) for metric, reading in cell.readings.items()}
+
+
+def _agreement(cell: Cell, alpha: float) -> str:
+    """"disagree (ratio)", "(Δ)" or "(ratio, Δ)" where the metrics' ratio or difference verdicts point
+    different ways; otherwise `stats.agreement` of the ratios."""
+    ratios = list(cell_verdicts(cell, alpha).values())
+    differences = [r.difference.verdict for r in cell.readings.values() if r.difference]
+    split = [name for name, verdicts in (("ratio", ratios), ("Δ", differences)) if agreement(verdicts) == "disagree"]
+    return f"disagree ({', '.join(split)})" if split else agreement(ratios)
+
+
+CROSSOVER_NOTE = (
+    "FLOPs ratio: per seed, the FLOPs the masked run needs to reach the baseline's value at the horizon (read "
+    "off the monotone fit of its curve) over the FLOPs the baseline needs, on the runs' monotone fits; geometric "
+    "mean over seeds, {pct} t-interval of the log ratios; <= an upper bound (a masked run was there at its first "
+    "point), > a lower bound (a masked run never got there), neither tested. p adj: its p after the plan's "
+    "correction ({method}). ratio verdict: pays when the ratio is below 1 with p adj < {alpha:g}, does not pay "
+    "when above 1 likewise, undecided otherwise; a bound gets no verdict, only what it is: 'not reached (k/n)' "
+    "(k of n seeds' masked runs never got there) or 'reached at first point'. Δ: masked − baseline at the "
+    "horizon, paired t-interval. pays: the ratio pays on every one of {pays_on}, does not pay when it does not "
+    "on one of them, undecided otherwise. metrics: whether the metrics' verdicts point the same way. In pays "
+    "and metrics a bound counts as undecided.")
+
+
+def render_cells(cells: Sequence[Cell], family: Family = EXPLORATORY) -> str:
+    """The map as a markdown table, one line per cell: per compared metric (FD and val loss side by side,
+    and a plan's primary metrics) the FLOPs ratio with its verdict and the paired difference with its, then
+    the plan's "pays", whether the metrics agree, and whether the reading is confirmatory; then a note."""
+    metrics = family.compared()
+    pct = f"{100 * (1 - family.alpha):g}%"
+    per_metric = (f"FLOPs ratio ({pct} CI)", "p adj", "ratio verdict", f"Δ ({pct} CI)", "verdict")
+    header = ["model", "params", "batch", "horizon", "FLOPs", "n",
+              *(f"{LABELS[m]} {column}" for m in metrics for column in per_metric), "pays", "metrics", "reading"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for c in cells:
-        ci = f" ({c.ratio_ci[0]:.2f}–{c.ratio_ci[1]:.2f})" if c.ratio_ci else ""
-        pays = {True: "yes", False: "no", None: "undecided"}[c.pays]
-        d = c.difference
-        diff = "" if d is None else f"{d.mean:.4g}" + ("" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]")
+        verdicts = cell_verdicts(c, family.alpha)
+        cells_of_metrics = [x for m in metrics for x in _metric_cells(c.readings.get(m), family.alpha)]
+        reading = sorted({family.reading(m, "train_flops") for m in c.readings})
         lines.append(f"| {c.model} | {c.params} | {c.batch_size} | {c.point:g} | {c.horizon_flops:.3g} | {c.n} | "
-                     f"{c.bound}{c.ratio:.2f}{ci} | {pays} | {diff} | {'' if d is None else d.verdict} |")
-    return "\n".join(lines)
+                     + " | ".join(cells_of_metrics)
+                     + f" | {family.pays(verdicts)} | {_agreement(c, family.alpha)} | {', '.join(reading)} |")
+    pays_on = " and ".join(LABELS[m] for m in (family.metrics or CO_PRIMARY))
+    return "\n".join(lines + ["", CROSSOVER_NOTE.format(pct=pct, method=family.method, alpha=family.alpha,
+                                                        pays_on=pays_on)])
 
 
-def plot_crossover(cells: Sequence[Cell], out_path: str | os.PathLike, title: str = "") -> Path:
-    """A heatmap of log2 ratio (rows model × batch, columns horizon) beside ratio-vs-horizon curves."""
+def _metric_cells(reading: Reading | None, alpha: float) -> list[str]:
+    """One metric's five cells of a map line (empty where the rows do not measure it)."""
+    if reading is None:
+        return [""] * 5
+    r, d = reading.ratio, reading.difference
+    ci = "" if math.isnan(r.lo) else f" ({r.lo:.2f}–{r.hi:.2f})"
+    p_adj = "" if math.isnan(r.p_adj) else f"{r.p_adj:.2g}"
+    diff = "" if d is None else f"{d.mean:.4g}" + ("" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]")
+    return [f"{r.bound}{r.geomean:.2f}{ci}", p_adj, ratio_verdict(r, alpha), diff, "" if d is None else d.verdict]
+
+
+BOUND_MARKERS = {"": "o", ">": "^", "<=": "v"}  # a value; a lower bound (at least); an upper bound (at most)
+
+
+def crossover_figure(cells: Sequence[Cell], title: str = "") -> Figure:
+    """The map as a figure, one row of panels per metric the cells read (FD and val loss, and a plan's
+    primary metrics): a heatmap of log2 ratio (rows model × batch, columns horizon) and the ratio against
+    the baseline's FLOPs at the horizon.
+
+    A bound is not a value, so it is not drawn as one: its heatmap cell is hatched and left uncoloured,
+    labelled ">r, k/n not reached" or "<=r at first point", and its curve point is a hollow triangle
+    pointing the way the truth may lie, off the line that joins the values. One colour scale, symmetric
+    about ratio 1, serves every panel, so the metrics compare by eye."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on clusters or CI
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
 
-    if not cells:
+    shown = list(dict.fromkeys(metric for c in cells for metric in c.readings))
+    if not shown:
         raise ValueError("no crossover cells: both arms need runs with the same seeds")
     rows = sorted({(c.params, c.model, c.batch_size) for c in cells})
-    points = sorted({c.point for c in cells})
-    grid = np.full((len(rows), len(points)), np.nan)
-    for c in cells:
-        grid[rows.index((c.params, c.model, c.batch_size)), points.index(c.point)] = math.log2(c.ratio)
-    fig, (heat, curves) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.6 * len(rows)), constrained_layout=True)
-    limit = max(1.0, float(np.nanmax(np.abs(grid))))
-    image = heat.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
-    for c in cells:
-        heat.text(points.index(c.point), rows.index((c.params, c.model, c.batch_size)),
-                  f"{c.bound}{c.ratio:.2f}", ha="center", va="center", fontsize=8)
-    heat.set_xticks(range(len(points)), [f"{p:g}" for p in points])
-    heat.set_yticks(range(len(rows)), [f"{m} b{b}" for _, m, b in rows])
-    heat.set_xlabel("horizon (fraction of the budget)")
-    fig.colorbar(image, ax=heat, label="log2 FLOPs-to-target ratio (< 0: masking pays)")
-    for params, model, batch in rows:
-        line = sorted((c for c in cells if (c.params, c.model, c.batch_size) == (params, model, batch)),
-                      key=lambda c: c.horizon_flops)
-        curves.plot([c.horizon_flops for c in line], [c.ratio for c in line], marker="o", label=f"{model} b{batch}")
-    curves.axhline(1.0, color="k", lw=0.8)
-    curves.set(xscale="log", yscale="log", xlabel="baseline train FLOPs at the horizon",
-               ylabel="masked FLOPs to reach the baseline / baseline FLOPs")
-    curves.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap
-    curves.legend(fontsize=8)
+    limit = max([1.0, *(abs(math.log2(r.ratio.geomean)) for c in cells for r in c.readings.values())])
+    fig, axes = plt.subplots(len(shown), 2, figsize=(14, len(shown) * (1.8 + 0.55 * len(rows))),
+                             width_ratios=(1.15, 1), squeeze=False, layout="constrained")
+    for metric, (heat, curves) in zip(shown, axes):
+        _heatmap(heat, cells, metric, rows, limit)
+        _curves(curves, cells, metric, rows, limit)
+    axes[0, 1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), title="model, batch")
+    axes[-1, 1].legend(handles=_bound_key(), fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5),
+                       title="per cell")
     fig.suptitle(title or "crossover map: masking's compute-to-target ratio")
+    return fig
+
+
+def plot_crossover(cells: Sequence[Cell], out_path: str | os.PathLike, title: str = "") -> Path:
+    """Write `crossover_figure` as a PNG; return its path."""
+    import matplotlib.pyplot as plt
+
+    fig = crossover_figure(cells, title)
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _heatmap(ax: Axes, cells: Sequence[Cell], metric: str, rows: list[tuple], limit: float) -> None:
+    """Log2 ratio per (model × batch, horizon) on one metric, with its colour bar; bounds hatched."""
+    from matplotlib.patches import Rectangle
+
+    points = sorted({c.point for c in cells})
+    grid = np.full((len(rows), len(points)), np.nan)  # (rows, horizons) log2 ratio; NaN: a bound or no reading
+    for c in cells:
+        if metric not in c.readings:
+            continue
+        ratio = c.readings[metric].ratio
+        i, j = rows.index((c.params, c.model, c.batch_size)), points.index(c.point)
+        if ratio.bound:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.75", lw=0))
+        else:
+            grid[i, j] = math.log2(ratio.geomean)
+        dark = abs(grid[i, j]) > 0.55 * limit  # NaN compares False: bounds sit on white
+        ax.text(j, i, _cell_label(ratio), ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    image = ax.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(len(points)), [f"{p:g}" for p in points])
+    ax.set_yticks(range(len(rows)), [f"{m} b{b}" for _, m, b in rows])
+    ax.set(xlabel="horizon (fraction of the budget)",
+           title=f"{LABELS[metric]}: FLOPs to reach the baseline's {LABELS[metric]}, masked / baseline")
+    ax.figure.colorbar(image, ax=ax, label="log2 ratio (< 0: masking pays)")
+
+
+def _cell_label(ratio: Ratio) -> str:
+    """A heatmap cell's text: the ratio, and for a bound what kind it is."""
+    if ratio.bound == ">":
+        return f">{ratio.geomean:.2f}\n{ratio.not_reached}/{ratio.n} not reached"
+    if ratio.bound == "<=":
+        return f"<={ratio.geomean:.2f}\nat first point"
+    return f"{ratio.geomean:.2f}"
+
+
+def _curves(ax: Axes, cells: Sequence[Cell], metric: str, rows: list[tuple], limit: float) -> None:
+    """Per model × batch, the ratio against the baseline's FLOPs at the horizon: values joined by a line,
+    bounds as hollow triangles off it."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    for i, (params, model, batch) in enumerate(rows):
+        color = f"C{i % 10}"  # a row keeps its colour on every metric
+        line = sorted((c for c in cells if (c.params, c.model, c.batch_size) == (params, model, batch)
+                       and metric in c.readings), key=lambda c: c.horizon_flops)
+        xs = [c.horizon_flops for c in line]
+        ratios = [c.readings[metric].ratio for c in line]
+        ax.plot(xs, [math.nan if r.bound else r.geomean for r in ratios], marker="o", color=color,
+                label=f"{model} b{batch}")
+        for bound in (">", "<="):
+            at = [(x, r.geomean) for x, r in zip(xs, ratios) if r.bound == bound]
+            if at:
+                ax.scatter(*zip(*at), marker=BOUND_MARKERS[bound], facecolors="none", edgecolors=color, s=45)
+    ax.axhline(1.0, color="k", lw=0.8)
+    margin = 2 ** (1.1 * limit)
+    ax.set(xscale="log", yscale="log", ylim=(1 / margin, margin), xlabel="baseline train FLOPs at the horizon",
+           ylabel="FLOPs ratio", title=f"{LABELS[metric]}: ratio against compute (< 1: masking pays)")
+    ax.yaxis.set_major_locator(LogLocator(base=2))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    horizons = [np.mean([c.horizon_flops for c in cells if c.point == p]) for p in sorted({c.point for c in cells})]
+    ax.set_xticks(horizons, [f"{x:.3g}" for x in horizons])  # one tick per heatmap column
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.grid(alpha=0.3, which="major")
+
+
+def _bound_key() -> list:
+    """Legend handles for what a marker on the curves means."""
+    from matplotlib.lines import Line2D
+
+    meaning = {"": "estimate (geometric mean)", ">": "lower bound: not reached", "<=": "upper bound: at first point"}
+    return [Line2D([], [], ls="", marker=BOUND_MARKERS[b], markerfacecolor="k" if not b else "none",
+                   markeredgecolor="k", color="k", label=f"{b} {text}".strip()) for b, text in meaning.items()]

@@ -27,18 +27,23 @@ COLUMNS: tuple[str, ...] = (
     "n_devices", "mfu", "val_loss", "fid", "fid_features", "fid_n", "clip_score", "clip_cos",
     "clip_model", "align_acc", "sampler_steps", "cfg_scale", "maskbench_version", "git_sha",
     "config_hash", "created_at", "source", "fid_ref", "fd_dinov2", "fd_dinov2_features",
-    "flops_per_s", "init_from", "switch_step",
+    "flops_per_s", "init_from", "switch_step", "branch_flops", "data_wait_s", "compile_s", "eval_s",
+    "checkpoint_s", "resume_s", "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se",
 )
 # Columns added after CSVs were first written: a file without them reads as if they were empty, and
 # appending to it first rewrites its header (and pads its rows), under the same lock.
-ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s", "init_from", "switch_step")
+ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s", "init_from", "switch_step",
+                 "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s",
+                 "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se")
 INT_COLUMNS = frozenset({
     "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
     "sampler_steps", "switch_step",
 })
 FLOAT_COLUMNS = frozenset({
     "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "val_loss", "fid", "clip_score",
-    "clip_cos", "align_acc", "cfg_scale", "fd_dinov2", "flops_per_s",
+    "clip_cos", "align_acc", "cfg_scale", "fd_dinov2", "flops_per_s", "branch_flops", "data_wait_s", "compile_s",
+    "eval_s", "checkpoint_s", "resume_s",
+    "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se",  # each metric's sampling error
 })
 # A measured row must say what it measured to be grouped; a reference row (non-empty `source`)
 # only has to say where its numbers come from, and is empty wherever that source gives nothing.

@@ -1,5 +1,12 @@
-"""`maskbench leaderboard`: read CSVs, print the per-arm summary and comparisons (or, with --mlperf, the
-MLPerf-style scores), optionally plot.
+"""`maskbench leaderboard`: read CSVs and the study's plan, print the per-arm summary and comparisons (or,
+with --mlperf, the MLPerf-style scores; with --crossover, the crossover map), optionally plot.
+
+A study folder `results/<study>/` holds its rows (`leaderboard.csv`) and its analysis plan (`PLAN.md`): a
+front matter of YAML between `---` lines naming the primary metrics, the baseline arm, the targets, the
+test, alpha, the multiplicity correction and what "pays" means, then prose. The report applies the plan it
+finds beside the CSV (or `--plan FILE`) and labels every reading confirmatory or exploratory: without a
+plan everything is exploratory, and so is everything a plan reads from rows written before it (the plan
+did not exist when the data could still steer the analysis).
 
 Apart from `leaderboard.py` (the CSV's schema and locked appends) so that writers of rows need neither
 scipy nor matplotlib, and so the modules import one way: leaderboard <- stats <- mlperf, plots <- report.
@@ -9,22 +16,172 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
+
 from maskbench.results import stats
-from maskbench.results.leaderboard import DEFAULT_CSV, read_rows
+from maskbench.results.leaderboard import DEFAULT_CSV, Row, read_rows
+
+PLAN_FILE = "PLAN.md"
+PLAN_KEYS = ("study", "written", "primary_metrics", "baseline", "targets", "test", "alpha", "correction", "pays")
+# What the report knows how to apply; a plan asking for anything else is refused, never silently misread.
+TARGETS = "baseline horizons"      # the baseline's value at each of its eval points, per seed
+TEST = "paired t over seeds"       # per-seed differences and log ratios (Welch only where seeds do not pair)
+PAYS_RATIO = {"flops": "train_flops", "device_hours": "gpu_hours"}
+PAYS_INTERVAL = "below 1"
+PAYS_METRICS = "all primary"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A study's analysis plan, from the front matter of its PLAN.md."""
+
+    path: Path
+    study: str
+    written: datetime            # when the plan was written: rows from before it are read as exploration
+    primary: tuple[str, ...]     # the primary metrics, every one of which must pay
+    baseline: str
+    alpha: float
+    correction: str              # "holm" or "none", across every test the plan reads (`stats.Family`)
+    pays: str                    # the compute axis whose ratio decides: "train_flops" or "gpu_hours"
+
+    def family(self, rows: Sequence[Row]) -> stats.Family:
+        """The plan's tests; confirmatory only when every measured row was written after the plan."""
+        return stats.Family(self.primary, self.pays, self.correction, self.alpha,
+                            confirmatory=not _before(rows, self.written))
+
+    def describe(self, rows: Sequence[Row], tests: int) -> str:
+        """The line that says which plan was applied, how, and whether its readings confirm or explore."""
+        early = _before(rows, self.written)
+        measured = sum(not row["source"] for row in rows)
+        status = (f"written {self.written.isoformat()}, after {len(early)} of these {measured} rows: its readings "
+                  f"of them are exploratory" if early else
+                  f"written {self.written.isoformat()}, before every row: its planned readings are confirmatory")
+        return (f"plan {self.path} ({self.study}): primary {', '.join(self.primary)}; baseline {self.baseline}; "
+                f"{TEST}, alpha {self.alpha:g}; {self.correction} across the {tests} tests it reads; pays: "
+                f"{stats.COMPUTE[self.pays]} ratio {PAYS_INTERVAL} on every primary metric; {status}")
+
+
+NO_PLAN = (f"no plan: exploratory (no {PLAN_FILE} beside the CSV and no --plan; verdicts uncorrected for "
+           "multiple comparisons)")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Parse a PLAN.md's front matter; any problem is a ValueError of one line naming the file."""
+    path = Path(path)
+    try:
+        front = _front_matter(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"cannot read plan {path}: {err.strerror}") from None
+    except (ValueError, yaml.YAMLError) as err:
+        problem = getattr(err, "problem", None) or str(err)
+        mark = getattr(err, "problem_mark", None)
+        where = f" (front matter line {mark.line + 1})" if mark else ""
+        raise ValueError(f"plan {path}: {problem}{where}") from None
+    try:
+        return _plan(path, front)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"plan {path}: {err}") from None
+
+
+def _front_matter(text: str) -> dict:
+    """The YAML mapping between the first line `---` and the next `---` line."""
+    lines = text.splitlines()
+    ends = [i for i, line in enumerate(lines) if line.strip() == "---"]
+    if len(ends) < 2 or ends[0] != 0:
+        raise ValueError("no front matter: the file must open with a '---' line, the YAML, and a closing '---'")
+    front = yaml.safe_load("\n".join(lines[1:ends[1]]))
+    if not isinstance(front, dict):
+        raise ValueError("the front matter is not a YAML mapping of keys to values")
+    return front
+
+
+def _plan(path: Path, front: dict) -> Plan:
+    """Check every key of a front matter against what the report can apply."""
+    unknown = sorted(set(front) - set(PLAN_KEYS))
+    missing = [key for key in PLAN_KEYS if key not in front]
+    if unknown or missing:
+        raise ValueError(f"front matter keys: missing {missing or 'none'}, unknown {unknown or 'none'}")
+    primary = front["primary_metrics"]
+    if not isinstance(primary, list) or not primary or any(m not in stats.METRICS for m in primary):
+        raise ValueError(f"primary_metrics must be a non-empty list of {', '.join(stats.METRICS)}, got {primary!r}")
+    _expect("targets", front["targets"], TARGETS)
+    _expect("test", front["test"], TEST)
+    if not isinstance(front["alpha"], float) or not 0 < front["alpha"] < 1:
+        raise ValueError(f"alpha must be a number in (0, 1), got {front['alpha']!r}")
+    if front["correction"] not in stats.CORRECTIONS:
+        raise ValueError(f"correction must be one of {', '.join(stats.CORRECTIONS)}, got {front['correction']!r}")
+    pays = front["pays"]
+    if not isinstance(pays, dict) or set(pays) != {"ratio", "interval", "metrics"}:
+        raise ValueError(f"pays must map ratio, interval and metrics, got {pays!r}")
+    if pays["ratio"] not in PAYS_RATIO:
+        raise ValueError(f"pays.ratio must be one of {', '.join(PAYS_RATIO)}, got {pays['ratio']!r}")
+    _expect("pays.interval", pays["interval"], PAYS_INTERVAL)
+    _expect("pays.metrics", pays["metrics"], PAYS_METRICS)
+    return Plan(path=path, study=str(front["study"]), written=_timestamp(front["written"]), primary=tuple(primary),
+                baseline=str(front["baseline"]), alpha=front["alpha"], correction=front["correction"],
+                pays=PAYS_RATIO[pays["ratio"]])
+
+
+def _expect(key: str, value: object, supported: str) -> None:
+    if value != supported:
+        raise ValueError(f"{key}: this report applies {supported!r} only, got {value!r}")
+
+
+def _timestamp(value: object) -> datetime:
+    """An ISO 8601 date-time with its time zone (YAML may have parsed it already)."""
+    try:
+        written = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    except ValueError:
+        written = None
+    if written is None or written.tzinfo is None:
+        raise ValueError(f"written must be a date-time with a time zone, e.g. 2026-12-02T08:00:00+00:00, "
+                         f"got {value!r}")
+    return written
+
+
+def _before(rows: Sequence[Row], written: datetime) -> list[Row]:
+    """The measured rows not shown to be written after the plan (created_at before it, missing or unreadable;
+    a time without a zone is read as UTC, as maskbench writes it)."""
+    def after(row: Row) -> bool:
+        try:
+            created = datetime.fromisoformat(row["created_at"] or "")
+        except ValueError:
+            return False
+        return (created if created.tzinfo else created.replace(tzinfo=timezone.utc)) > written
+
+    return [row for row in rows if not row["source"] and not after(row)]
+
+
+def find_plan(paths: Sequence[str]) -> Path | None:
+    """The PLAN.md beside the CSVs, if any; CSVs of studies with different plans need --plan."""
+    plans = sorted({str(Path(path).parent / PLAN_FILE) for path in paths if (Path(path).parent / PLAN_FILE).is_file()})
+    if len(plans) > 1:
+        raise ValueError(f"the CSVs sit beside different plans ({', '.join(plans)}): pass --plan FILE")
+    return Path(plans[0]) if plans else None
+
+
+def _plan_for(paths: Sequence[str], plan: str | None) -> Plan | None:
+    """The plan to apply: --plan FILE, else the PLAN.md beside the CSVs, else none."""
+    path = Path(plan) if plan else find_plan(paths)
+    return load_plan(path) if path else None
 
 
 def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
-                     baseline: str = "mask0", on_error: str = "skip", mlperf: bool = False,
-                     crossover: str | None = None) -> int:
+                     baseline: str | None = None, on_error: str = "skip", mlperf: bool = False,
+                     crossover: str | None = None, plan: str | None = None) -> int:
     """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
 
     With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
-    or error policy, a malformed row under abort) prints one line on stderr and returns 2; files
-    without a single row return 1. With mlperf, the MLPerf-style scores are printed instead of the
-    summary, and 1 is returned, with the run counts on stderr, when no arm has enough runs. With
-    crossover=ARM, the crossover map of ARM against the baseline is printed (and drawn with plot) instead.
+    or error policy, a malformed row under abort, a malformed plan, a --baseline the plan contradicts)
+    prints one line on stderr and returns 2; files without a single row return 1. The summary and the
+    crossover map first say which plan they applied (`plan`, else PLAN.md beside the CSVs), or that there
+    is none. With mlperf, the MLPerf-style scores are printed instead of the summary, and 1 is returned,
+    with the run counts on stderr, when no arm has enough runs. With crossover=ARM, the crossover map of
+    ARM against the baseline is printed (and drawn with plot) instead.
     """
     from maskbench.results import plots  # matplotlib: only once a summary is to be printed or drawn
 
@@ -44,17 +201,32 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
             print(f"no leaderboard rows in {', '.join(paths)}", file=sys.stderr)
             return 1
         if mlperf:
-            return _print_mlperf(rows, baseline, fmt)
+            return _print_mlperf(rows, baseline or "mask0", fmt)
+        found = _plan_for(paths, plan)
+        if found and baseline and baseline != found.baseline:
+            raise ValueError(f"--baseline {baseline} contradicts {found.path}, whose baseline is {found.baseline}")
+        baseline = found.baseline if found else baseline or "mask0"
+        family = found.family(rows) if found else stats.EXPLORATORY
         if crossover:
-            return _print_crossover(rows, crossover, baseline, plot)
-        summary = stats.summarize(rows, baseline_arm=baseline)
-        print(stats.render(summary, fmt))
+            return _print_crossover(rows, crossover, baseline, plot, found, family)
+        summary, tests = stats.correct(stats.summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
+        _print_plan_line(found.describe(rows, tests) if found else NO_PLAN, fmt)
+        print(stats.render(summary, fmt, family))
         if plot:
             print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _print_plan_line(line: str, fmt: str) -> None:
+    """The line saying which plan was applied: on stderr beside a CSV, so the CSV stays one table; else
+    first on stdout, a paragraph of its own (a blank line apart, so Markdown does not read it into a table)."""
+    if fmt == "csv":
+        print(line, file=sys.stderr)
+    else:
+        print(line, end="\n\n")
 
 
 def _print_mlperf(rows, baseline: str, fmt: str) -> int:
@@ -69,15 +241,18 @@ def _print_mlperf(rows, baseline: str, fmt: str) -> int:
     return 0
 
 
-def _print_crossover(rows, arm: str, baseline: str, plot: str | None) -> int:
-    from maskbench.results.crossover import crossover_cells, plot_crossover, render_cells
+def _print_crossover(rows, arm: str, baseline: str, plot: str | None, plan: Plan | None,
+                     family: stats.Family) -> int:
+    from maskbench.results.crossover import correct_cells, crossover_cells, plot_crossover, render_cells
 
-    cells = crossover_cells(rows, arm=arm, baseline=baseline)
+    cells = crossover_cells(rows, arm=arm, baseline=baseline, metrics=family.compared(), level=1 - family.alpha)
     if not cells:
         print(f"no crossover cells: no seed has both a {arm} and a {baseline} run of the same model, batch size "
               "and budget", file=sys.stderr)
         return 1
-    print(render_cells(cells))
+    cells, tests = correct_cells(cells, family)
+    _print_plan_line(plan.describe(rows, tests) if plan else NO_PLAN, "markdown")
+    print(render_cells(cells, family))
     if plot:
         print(f"plot written to {plot_crossover(cells, plot, f'{arm} against {baseline}')}", file=sys.stderr)
     return 0

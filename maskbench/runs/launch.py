@@ -21,10 +21,11 @@ from maskbench.config import (ConfigError, RunConfig, config_hash, format_arm, l
                               source_label, split_source, to_dict)
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs, validation_loss
+from maskbench.files import write_folder_digests
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.presets import ModelConfig
-from maskbench.results.leaderboard import append_rows
+from maskbench.results.leaderboard import append_rows, parse_row
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha
 from maskbench.train.loop import Start, Trainer
 from maskbench.train.switch import watches_val_loss
@@ -41,24 +42,40 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
-        "n_devices": n_devices, "mfu": mfu, "val_loss": result["val_loss"],
+        "n_devices": n_devices, "mfu": mfu,
+        "val_loss": result["val_loss"], "val_loss_se": result.get("val_loss_se"),
         "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
-        "fid": result.get("fid"), "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"),
-        "fid_ref": result.get("fid_ref"), "fd_dinov2": result.get("fd_dinov2"),
-        "fd_dinov2_features": result.get("fd_dinov2_features"),
-        "clip_score": result.get("clip_score"), "clip_cos": result.get("clip_cos"),
-        "clip_model": result.get("clip_model"), "align_acc": result.get("align_acc"),
+        "fid": result.get("fid"), "fid_se": result.get("fid_se"), "fid_features": result.get("fid_features"),
+        "fid_n": result.get("fid_n"), "fid_ref": result.get("fid_ref"), "fd_dinov2": result.get("fd_dinov2"),
+        "fd_dinov2_se": result.get("fd_dinov2_se"), "fd_dinov2_features": result.get("fd_dinov2_features"),
+        "clip_score": result.get("clip_score"), "clip_score_se": result.get("clip_score_se"),
+        "clip_cos": result.get("clip_cos"), "clip_model": result.get("clip_model"),
+        "align_acc": result.get("align_acc"), "align_acc_se": result.get("align_acc_se"),
         "sampler_steps": cfg.eval.sampler_steps, "cfg_scale": cfg.eval.cfg_scale,
         "init_from": source_label(cfg.init_from) if cfg.init_from else None, "switch_step": state.switch_step,
+        # gpu_hours is the training steps' time alone; the rest of the run's time, each in its own column:
+        "branch_flops": state.branch_flops, "data_wait_s": state.data_wait_seconds,
+        "compile_s": state.compile_seconds, "eval_s": state.eval_seconds,
+        "checkpoint_s": state.checkpoint_seconds, "resume_s": state.resume_seconds,
         "maskbench_version": maskbench.__version__, "git_sha": git_sha(), "config_hash": config_hash(cfg),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 
 def record_point(run: RunDir, row: dict, result: dict, leaderboard: str | Path) -> None:
-    """An evaluated point's records: its eval.jsonl line (row + per-t losses, grid, ...) and its CSV row."""
+    """An evaluated point's records: its eval.jsonl line (row + per-t losses, grid, ...) and its CSV row.
+
+    Each is signed in the run's ledger as it reads back (the line as eval.jsonl holds it, the row as
+    `read_rows` types its cells), and so are the point's samples, which `maskbench repro` scores again.
+    """
+    point = row["point"]
     run.record_eval(row, result)
+    run.sign_record("eval.jsonl", point, run.eval_records()[-1])
     append_rows(leaderboard, [row])
+    run.sign_record("leaderboard", point, parse_row({key: "" if value is None else str(value)
+                                                     for key, value in row.items()}))
+    write_folder_digests(run.point_samples(point))
+    run.sign_folder(run.point_samples(point))
 
 
 class PointRecorder:
@@ -82,7 +99,7 @@ class PointRecorder:
 
     def __call__(self, trainer: Trainer, point: float) -> None:
         acc, state = trainer.accelerator, trainer.state
-        result = self.evaluator_for(trainer).evaluate(trainer.ema.model, trainer.run.point_samples(point), acc)
+        result = self.evaluator_for(trainer).evaluate(trainer.ema.model, trainer.run.point_samples(point), acc, point)
         diagnostics = trainer.block_norms.summary()
         if not acc.is_main_process:
             return

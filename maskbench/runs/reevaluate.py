@@ -45,7 +45,7 @@ def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrid
     rows = []
     for point in points:
         state = load_point(run, point, model)
-        result = evaluator.evaluate(model, run.point_samples(point))
+        result = evaluator.evaluate(model, run.point_samples(point), point=point)
         trained = [r for r in run.eval_records() if r["point"] == point]  # MFU is a training figure: keep it
         row = leaderboard_row(cfg, data, state, point, result, params, env["n_devices"], env["device"],
                               trained[-1].get("mfu") if trained else None)

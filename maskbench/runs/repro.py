@@ -1,20 +1,29 @@
 """`maskbench repro RUN_DIR`: can this run's numbers be trusted to come from its recorded config?
 
-Four checks, each compared against something the run itself saved, never against a second opinion:
-  rerun        retrain the recorded config from scratch (same seed, in a temporary runs dir) up to the
-               first eval-point checkpoint; the loss trace must equal metrics.jsonl and the raw and EMA
-               weights must equal that checkpoint's.
+Five checks, each compared against something the run itself saved, never against a second opinion:
+  rerun        retrain the recorded config from scratch (same seed, in a temporary runs dir) up to an
+               eval-point checkpoint (the first; `--through POINT|last` for a later one); the loss trace must
+               equal metrics.jsonl and the raw and EMA weights must equal those of every eval-point
+               checkpoint the rerun passed.
   resume       the same rerun stopped half way (`train.stop_at_step`, as a preemption would) and resumed
                must equal the uninterrupted rerun: loss trace and weights.
   metrics      recompute every evaluated point from its saved sample PNGs and its EMA weights; the image
                metrics and val loss must equal eval.jsonl and the run's leaderboard rows.
   environment  env.json against this machine: a different torch/numpy, device, device count or git sha
                means the bit-exact comparisons above are not expected to hold, so it is a FAIL too.
+  digests      every file a result rests on has the bytes it was signed with when it was written: each file
+               of each checkpoint and samples folder (against the folder's digests.json), each eval.jsonl
+               line and each of the run's leaderboard rows (against the ledger digests.jsonl, which also
+               signs every digests.json). What was written before signing existed is "not signed (older
+               run)": listed, neither PASS nor FAIL.
 
 Comparisons are bit-exact on CPU, where training is deterministic; on GPU (bf16, non-deterministic
 kernels) they use a relative tolerance, stated in the output. Stopping at the first eval point keeps
 the cost proportional to it: two retrainings up to that point (e.g. 2 × 25% of a run, each ending
 with that point's evaluation), then the metrics of every point from the saved samples (no sampling).
+The later points' weights are then vouched for by their digests (unchanged since the run wrote them)
+and by their recomputed metrics, not re-derived: the printed reach says so, and `--through last` re-derives
+them too, at the cost of two whole retrainings.
 """
 
 from __future__ import annotations
@@ -26,14 +35,17 @@ import math
 import signal
 import sys
 import tempfile
+from collections import defaultdict
 from dataclasses import dataclass, replace
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
 
 from maskbench.config import ConfigError, RunConfig, UserError, load_run_config, run_id
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
-from maskbench.eval.evaluate import Evaluator, check_eval_inputs, load_samples, validation_loss
+from maskbench.eval.evaluate import Evaluator, check_eval_inputs, load_samples
+from maskbench.files import DIGESTS, folder_change, sha256_file, sha256_json
 from maskbench.runs.reevaluate import load_point
 from maskbench.models.build import build_model
 from maskbench.results.leaderboard import read_rows
@@ -46,25 +58,40 @@ METRIC_TOLERANCE = 1e-6  # relative, image metrics recomputed from the very same
 METRICS = ("val_loss", "fid", "fd_dinov2", "align_acc", "clip_score", "clip_cos")
 # Fields of env.json whose change makes a rerun differ in its bits; the others are only reported.
 BLOCKING_ENV = ("torch", "numpy", "device", "n_devices", "git_sha")
+NOT_SIGNED = "not signed"  # a folder or record written before runs signed what they write
 
 
 @dataclass
 class CheckResult:
     name: str
-    ok: bool
+    ok: bool | None  # None: nothing to check it against (a run older than the check)
     detail: str
+
+    @property
+    def status(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "----"}[self.ok]
 
 
 @dataclass
 class Target:
-    """What the reruns reproduce: `steps` training steps, and the first eval point's checkpoint."""
+    """What the reruns reproduce: `steps` training steps, towards the eval point `point` saved at `point_step`
+    (one of the run's eval-point checkpoints `points`)."""
     point: float
     point_step: int
     steps: int
+    points: tuple[float, ...]
 
     @property
     def at_point(self) -> bool:
         return self.steps == self.point_step
+
+    @property
+    def reach(self) -> str:
+        """How far the rerun goes, in the run's terms: the points after it are not re-derived, only checked by
+        their digests and recomputed metrics."""
+        where = f"= eval point {self.point:g}" if self.at_point else \
+            f"(eval point {self.point:g} is at step {self.point_step})"
+        return f"steps 0..{self.steps} {where} of {', '.join(f'{p:g}' for p in self.points)}"
 
 
 # ------------------------------------------------------------------------------------- comparisons
@@ -125,25 +152,39 @@ def describe(tolerance: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------ inputs
-def first_point(run: RunDir) -> tuple[float, int]:
-    """(point, step) of the run's first eval-point checkpoint; ConfigError if it has none yet."""
-    points = [(step, path) for step, path in run.list_checkpoints() if path.name.startswith("point-")]
-    if not points:
+def point_steps(run: RunDir) -> list[tuple[float, int]]:
+    """(point, step) of each eval-point checkpoint, in step order: the step is whatever its meta.json says."""
+    return [(float(path.name.removeprefix("point-")), step) for step, path in run.list_checkpoints()
+            if path.name.startswith("point-")]
+
+
+def pick_point(saved: list[tuple[float, int]], through: str | None) -> tuple[float, int]:
+    """--through: the first eval point by default, `last`, or any point the run saved."""
+    if through is None or through == "last":
+        return saved[0 if through is None else -1]
+    try:
+        point = float(through)
+    except ValueError:
+        point = None
+    if point not in dict(saved):
+        raise ConfigError(f"--through must be last or an eval point with a checkpoint "
+                          f"({', '.join(f'{p:g}' for p, _ in saved)}), got {through}")
+    return point, dict(saved)[point]
+
+
+def plan_target(run: RunDir, steps: int | None, through: str | None = None) -> Target:
+    """Validate --through and --steps against what the run saved: 2 <= steps <= the target point's step."""
+    saved = point_steps(run)
+    if not saved:
         raise ConfigError(f"{run.root} has no eval-point checkpoint yet; train past its first eval point first")
-    step, path = points[0]
-    return float(path.name.removeprefix("point-")), step
-
-
-def plan_target(run: RunDir, steps: int | None) -> Target:
-    """Validate --steps against what the run saved: 2 <= steps <= the first eval point's step."""
-    point, point_step = first_point(run)
+    point, point_step = pick_point(saved, through)
     steps = point_step if steps is None else steps
     if not 2 <= steps <= point_step:
-        raise ConfigError(f"--steps must be between 2 and {point_step} (the step of the first eval point "
-                          f"{point:g}), got {steps}")
+        raise ConfigError(f"--steps must be between 2 and {point_step} (the step of eval point {point:g}), "
+                          f"got {steps}")
     if len(read_losses(run, steps)) < steps:
         raise ConfigError(f"{run.metrics} has fewer than {steps} steps")
-    return Target(point, point_step, steps)
+    return Target(point, point_step, steps, tuple(p for p, _ in saved))
 
 
 # ----------------------------------------------------------------------------------------- reruns
@@ -166,16 +207,30 @@ def retrain(cfg: RunConfig, root: Path, stop_at: int) -> RunDir:
     return run
 
 
+def point_mismatch(run: RunDir, rerun: RunDir, point: float, tolerance: float) -> str | None:
+    """None if the rerun's raw and EMA weights at an eval point match the run's; else the worst tensor."""
+    if not rerun.point_checkpoint(point).is_dir():
+        return f"the rerun saved no checkpoint at point {point:g}"
+    problem = weights_mismatch(checkpoint_tensors(rerun.point_checkpoint(point)),
+                               checkpoint_tensors(run.point_checkpoint(point)), tolerance)
+    return problem and f"point {point:g}: {problem}"
+
+
 def check_rerun(run: RunDir, rerun: RunDir, target: Target, tolerance: float) -> CheckResult:
-    """(a) The rerun's losses match metrics.jsonl; at the eval point, its weights match the checkpoint's."""
+    """(a) The rerun's losses match metrics.jsonl; its weights match the run's at every eval point it passed."""
     problem = trace_mismatch(read_losses(rerun, target.steps), read_losses(run, target.steps), tolerance)
-    if not target.at_point:
-        weights = f"weights not compared (the run saved none at step {target.steps})"
-    elif problem is None:
-        got = checkpoint_tensors(rerun.point_checkpoint(target.point))
-        problem = weights_mismatch(got, checkpoint_tensors(run.point_checkpoint(target.point)), tolerance)
-        weights = f"weights at point {target.point:g} match (sha256 {digest(got)[:12]})"
-    return CheckResult("rerun", problem is None, problem or f"{target.steps} steps: loss trace matches, {weights}")
+    passed = [point for point, step in point_steps(run) if step <= target.steps]
+    for point in passed:
+        problem = problem or point_mismatch(run, rerun, point, tolerance)
+    if problem is not None:
+        return CheckResult("rerun", False, problem)
+    if passed:
+        last = digest(checkpoint_tensors(rerun.point_checkpoint(passed[-1])))
+        weights = (f"raw and EMA weights at point{'s' * (len(passed) > 1)} {', '.join(f'{p:g}' for p in passed)} "
+                   f"match (sha256 {last[:12]} at {passed[-1]:g})")
+    else:
+        weights = f"weights not compared (the run saved none by step {target.steps})"
+    return CheckResult("rerun", True, f"{target.steps} steps: loss trace matches, {weights}")
 
 
 def check_resume(cfg: RunConfig, rerun: RunDir, root: Path, target: Target, tolerance: float) -> CheckResult:
@@ -193,31 +248,33 @@ def check_resume(cfg: RunConfig, rerun: RunDir, root: Path, target: Target, tole
 
 
 # ---------------------------------------------------------------------------------------- metrics
+def run_records(run: RunDir, cfg: RunConfig) -> dict[str, list[dict]]:
+    """The records of a run's results, in file order: eval.jsonl's lines, and as "leaderboard" the rows with
+    its run_id in the CSV at its paths.leaderboard (the names the ledger signs them under)."""
+    board = Path(cfg.paths.leaderboard)
+    rows = [row for row in read_rows([board]) if row["run_id"] == run_id(cfg)] if board.is_file() else []
+    return {"eval.jsonl": run.eval_records(), "leaderboard": rows}
+
+
 def recorded_points(run: RunDir, cfg: RunConfig) -> dict[float, dict[str, dict]]:
     """{point: {source: record}}: the latest eval.jsonl line and leaderboard row of each evaluated point."""
+    found, board = run_records(run, cfg), Path(cfg.paths.leaderboard).name
     records: dict[float, dict[str, dict]] = {}
-    if run.evals.exists():
-        for line in run.evals.read_text().splitlines():
-            record = json.loads(line)
-            records.setdefault(record["point"], {})["eval.jsonl"] = record
-    board = Path(cfg.paths.leaderboard)
-    if board.is_file():
-        for row in read_rows([board]):
-            if row["run_id"] == run_id(cfg) and row["point"] in records:
-                records[row["point"]][board.name] = row
+    for record in found["eval.jsonl"]:
+        records.setdefault(record["point"], {})["eval.jsonl"] = record
+    for row in found["leaderboard"]:
+        if row["point"] in records:
+            records[row["point"]][board] = row
     return records
 
 
 def recompute_point(run: RunDir, point: float, evaluator: Evaluator, model: torch.nn.Module) -> dict:
     """The metrics of one eval point from what the run saved: its EMA weights and its sample PNGs."""
     load_point(run, point, model)
-    cfg = evaluator.cfg
-    val_loss, _ = validation_loss(model, evaluator.evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size,
-                                  evaluator.device, cfg.val_samples)
     sample_dir = run.point_samples(point)  # decoded images, on latent data
     if not any(sample_dir.glob("[0-9]*.png")):
         raise FileNotFoundError(f"no sample PNGs in {sample_dir}")
-    return {"val_loss": val_loss, **evaluator.image_metrics(load_samples(sample_dir))}
+    return {**evaluator.loss_metrics(model), **evaluator.image_metrics(load_samples(sample_dir))}
 
 
 def metric_mismatches(fresh: dict, recorded: dict, tolerance: float) -> list[str]:
@@ -276,24 +333,85 @@ def check_environment(run: RunDir, current: dict) -> CheckResult:
     return CheckResult("environment", True, same + (f"; also differs: {listed}" if changed else ""))
 
 
+# ---------------------------------------------------------------------------------------- digests
+def folder_state(folder: Path, ledger_sha: str | None) -> str | None:
+    """None if a folder holds exactly the bytes it was signed with; NOT_SIGNED if nothing signed it; else
+    what changed (`ledger_sha`: the ledger's digest of its digests.json, None if the ledger has none)."""
+    digests = folder / DIGESTS
+    if not digests.is_file():
+        return NOT_SIGNED if ledger_sha is None else f"{DIGESTS} is missing"
+    if ledger_sha is not None and sha256_file(digests) != ledger_sha:
+        return f"{DIGESTS} changed since the ledger signed it"
+    return folder_change(folder)
+
+
+def records_state(found: list[str], signed: list[str]) -> str | None:
+    """The same for one point's records in one file: their digests, in file order, against the ledger's."""
+    if not signed:
+        return NOT_SIGNED
+    for index, (got, want) in enumerate(zip_longest(found, signed)):
+        if got != want:
+            what = "is missing" if got is None else "is not signed" if want is None else "changed since it was signed"
+            return f"record {index + 1} of {max(len(found), len(signed))} {what}"
+    return None
+
+
+def folder_states(run: RunDir) -> dict[str, str | None]:
+    """{folder relative to the run: its `folder_state`} of every checkpoint and samples folder."""
+    signed = {entry["folder"]: entry["sha256"] for entry in run.ledger_entries() if "folder" in entry}  # latest wins
+    names = {folder.relative_to(run.root).as_posix(): folder for folder in run.result_folders()}
+    return {name: folder_state(folder, signed.get(name)) for name, folder in names.items()}
+
+
+def record_states(run: RunDir, cfg: RunConfig) -> dict[tuple[str, float], str | None]:
+    """{(source, point): its `records_state`} of eval.jsonl's lines and the run's leaderboard rows."""
+    signed, found = defaultdict(list), defaultdict(list)
+    for entry in run.ledger_entries():
+        if "record" in entry:
+            signed[entry["record"], entry["point"]].append(entry["sha256"])
+    for source, records in run_records(run, cfg).items():
+        for record in records:
+            found[source, record["point"]].append(sha256_json(record))
+    return {key: records_state(found[key], signed[key]) for key in sorted(found.keys() | signed.keys())}
+
+
+def check_digests(run: RunDir, cfg: RunConfig) -> CheckResult:
+    """(e) Every file a result rests on still holds the bytes signed when it was written."""
+    folders, records = folder_states(run), record_states(run, cfg)
+    states = {**folders, **{f"{source} point {point:g}": state for (source, point), state in records.items()}}
+    problems = [f"{name}: {state}" for name, state in states.items() if state not in (None, NOT_SIGNED)]
+    unsigned = [name for name, state in states.items() if state == NOT_SIGNED]
+    older = f"not signed (older run): {', '.join(unsigned)}" if unsigned else ""
+    if problems:
+        return CheckResult("digests", False, "; ".join(problems))
+    if len(unsigned) == len(states):
+        return CheckResult("digests", None, older or "nothing to check")
+    n_folders = sum(state is None for state in folders.values())
+    n_points = len({point for (_, point), state in records.items() if state is None})
+    return CheckResult("digests", True, f"{n_folders} folders and the eval.jsonl lines and leaderboard rows of "
+                                        f"{n_points} points match their digests" + (f"; {older}" if older else ""))
+
+
 # --------------------------------------------------------------------------------------------- main
 def run_checks(run: RunDir, cfg: RunConfig, data: DatasetInfo, target: Target,
                tolerance: float) -> list[CheckResult]:
-    """The four checks in order; the reruns live in a temporary folder removed afterwards."""
+    """The five checks in order; the reruns live in a temporary folder removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="maskbench-repro-") as tmp:
         rerun = retrain(cfg, Path(tmp) / "rerun", target.steps)
         results = [check_rerun(run, rerun, target, tolerance),
                    check_resume(cfg, rerun, Path(tmp) / "resume", target, tolerance)]
     current = environment(make_accelerator(cfg))
-    return results + [check_metrics(run, cfg, data, tolerance), check_environment(run, current)]
+    return results + [check_metrics(run, cfg, data, tolerance), check_environment(run, current),
+                      check_digests(run, cfg)]
 
 
-def repro_main(run_dir: str | Path, steps: int | None = None, tolerance: float | None = None) -> int:
+def repro_main(run_dir: str | Path, steps: int | None = None, tolerance: float | None = None,
+               through: str | None = None) -> int:
     """All of `maskbench repro`: the PASS/FAIL table; exit 0, 1 if a check fails, 2 on bad input."""
     run = RunDir(Path(run_dir))
     try:
         cfg = load_run_config(run.root)
-        target = plan_target(run, steps)
+        target = plan_target(run, steps, through)
         if tolerance is not None and tolerance < 0:
             raise ConfigError(f"--tolerance must be >= 0, got {tolerance:g}")
         data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
@@ -304,12 +422,11 @@ def repro_main(run_dir: str | Path, steps: int | None = None, tolerance: float |
     if tolerance is None:
         tolerance = GPU_TOLERANCE if torch.cuda.is_available() else 0.0
     results = run_checks(run, cfg, data, target, tolerance)
-    print(f"\nmaskbench repro {run.root}: first eval point {target.point:g} at step {target.point_step}, "
-          f"rerun {target.steps} steps, {describe(tolerance)} "
+    print(f"\nmaskbench repro {run.root}: rerun re-derives {target.reach}; {describe(tolerance)} "
           f"(image metrics: {describe(max(tolerance, METRIC_TOLERANCE))})")
     for result in results:
-        print(f"{result.name:12s} {'PASS' if result.ok else 'FAIL'}  {result.detail}")
-    failed = [result.name for result in results if not result.ok]
+        print(f"{result.name:12s} {result.status}  {result.detail}")
+    failed = [result.name for result in results if result.ok is False]
     if failed:
         print(f"FAIL: {', '.join(failed)}")
         return 1
@@ -317,20 +434,25 @@ def repro_main(run_dir: str | Path, steps: int | None = None, tolerance: float |
 
 
 def add_repro_arguments(parser: argparse.ArgumentParser) -> None:
-    """`repro RUN_DIR [--steps N] [--tolerance X]`: arguments and handler of the `repro` command's parser."""
-    parser.description = ("Retrain the recorded config up to the first eval point and compare the loss trace and "
-                          "weights (bit-exact on CPU); check that stop-and-resume equals the uninterrupted rerun; "
-                          "recompute the metrics from the saved samples; compare env.json with this machine. "
-                          "Cost: two retrainings up to the first eval point (e.g. 2 x 25% of a run's training "
-                          "time, each ending with that point's evaluation), then every point's metrics from its "
-                          "saved samples. Exit 1 if a check fails, 2 on bad input.")
+    """`repro RUN_DIR [--through POINT] [--steps N] [--tolerance X]`: arguments and handler of `repro`'s parser."""
+    parser.description = ("Retrain the recorded config up to the first eval point (or --through) and compare the "
+                          "loss trace and weights (bit-exact on CPU); check that stop-and-resume equals the "
+                          "uninterrupted rerun; recompute the metrics from the saved samples; compare env.json "
+                          "with this machine; check every checkpoint, sample, eval.jsonl line and leaderboard row "
+                          "against the digest written with it. Cost: two retrainings up to the first eval point "
+                          "(e.g. 2 x 25% of a run's training time, each ending with that point's evaluation), then "
+                          "every point's metrics from its saved samples. Exit 1 if a check fails, 2 on bad input.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<run_id>/)")
-    parser.add_argument("--steps", type=int, help="rerun only the first N steps (2 <= N <= the first eval "
-                                                  "point's step; weights are compared only at that step)")
+    parser.add_argument("--through", metavar="POINT", help="rerun through this eval point, `last` or one with a "
+                                                           "checkpoint (e.g. 0.5; default: the first), comparing the "
+                                                           "weights at every eval point on the way; costs two "
+                                                           "retrainings up to it")
+    parser.add_argument("--steps", type=int, help="rerun only the first N steps (2 <= N <= the target eval "
+                                                  "point's step; weights are compared only at points on the way)")
     parser.add_argument("--tolerance", type=float, help="relative tolerance on losses and weights "
                                                         f"(default: 0 on CPU, {GPU_TOLERANCE:g} on GPU)")
     parser.set_defaults(func=repro_command)
 
 
 def repro_command(args: argparse.Namespace) -> int:
-    return repro_main(args.run_dir, args.steps, args.tolerance)
+    return repro_main(args.run_dir, args.steps, args.tolerance, args.through)

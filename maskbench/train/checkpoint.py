@@ -8,9 +8,12 @@ Layout of `runs/<run_id>/`:
     checkpoints/     point-0.25/, step-00001234/ ... (accelerate `save_state` folders + meta.json)
     samples/         point-0.25/ PNGs and grid.png per eval point
     done.json        written once every eval point is trained and evaluated
+    digests.jsonl    the ledger: the sha256 of each record and folder a result rests on, as written
 
 A checkpoint is written into a temporary folder and renamed into place, so a crash mid-save never
-leaves a checkpoint that looks complete.
+leaves a checkpoint that looks complete. Each checkpoint and each point's samples folder is signed by a
+digests.json inside it (`files.write_folder_digests`); the ledger signs those digests.json files and each
+eval.jsonl line and leaderboard row, so `maskbench repro` can tell which bytes changed since they were written.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from safetensors.torch import load_file
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import maskbench
-from maskbench.files import write_atomic
+from maskbench.files import DIGESTS, sha256_file, sha256_json, write_atomic, write_folder_digests
 
 # The files of an accelerate `save_state` folder that maskbench reads back. Custom objects are numbered
 # in the order the Trainer registers them (`register_for_checkpointing(ema, state)`): the EMA, then the counters.
@@ -56,6 +59,14 @@ class TrainState:
     switch_step: int | None = None      # the step the first phase ended at (by its rule or its budget)
     phase_ends: dict = field(default_factory=dict)  # phase index -> its steps, for phases a rule ended
     rule: dict = field(default_factory=dict)  # what a phase's rule remembers between checks (`switch.crossed`)
+    # Time outside the training steps, each apart (`train_seconds` is the steps' own time, what gpu_hours reads).
+    compile_seconds: float = 0.0        # the first step of each compiled graph (compilation + that step)
+    eval_seconds: float = 0.0           # evaluations at eval points
+    checkpoint_seconds: float = 0.0     # writing checkpoints
+    resume_seconds: float = 0.0         # loading a checkpoint and reopening the data streams
+    branch_flops: float = 0.0           # a cooled horizon's FLOPs spent in its branch (0 on the trunk)
+    branches_flops: float = 0.0         # every branch so far: what the run spent beyond its trunk
+    loader_state: dict = field(default_factory=dict)  # data stream -> its loader's position (resume seeks)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -118,9 +129,11 @@ class RunDir:
         self.samples = self.root / "samples"
         self.config = self.root / "config.yaml"
         self.env = self.root / "env.json"
-        self.metrics = self.root / "metrics.jsonl"
+        self.metrics = self.root / "metrics.jsonl"   # the trunk's steps
+        self.branches = self.root / "branches"       # a cooled horizon's branch steps, one file per point
         self.evals = self.root / "eval.jsonl"
         self.done = self.root / "done.json"
+        self.ledger = self.root / "digests.jsonl"
 
     def create(self, config: dict, env: dict) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -149,6 +162,11 @@ class RunDir:
 
     def point_checkpoint(self, point: float) -> Path:
         return self.checkpoints / self.point_name(point)
+
+    def branch_metrics(self, point: float) -> Path:
+        """The steps of a cooled horizon's branch (`Trainer._branch`), one line each like metrics.jsonl."""
+        self.branches.mkdir(exist_ok=True)
+        return self.branches / f"{self.point_name(point)}.jsonl"
 
     def point_samples(self, point: float) -> Path:
         return self.samples / self.point_name(point)
@@ -191,6 +209,27 @@ class RunDir:
             extras = {key: value for key, value in result.items() if key not in row}  # per-t losses, grid, ...
             f.write(json.dumps({**row, **extras}) + "\n")
 
+    def sign_record(self, source: str, point: float, record: dict) -> None:
+        """Ledger: the digest of one record of `source` ("eval.jsonl", "leaderboard") for an eval point, as it
+        reads back from that file."""
+        self._sign({"record": source, "point": point, "sha256": sha256_json(record)})
+
+    def sign_folder(self, folder: Path) -> None:
+        """Ledger: the digest of a folder's digests.json, so that deleting or rewriting it is seen too."""
+        self._sign({"folder": folder.relative_to(self.root).as_posix(), "sha256": sha256_file(folder / DIGESTS)})
+
+    def _sign(self, entry: dict) -> None:
+        with open(self.ledger, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def ledger_entries(self) -> list[dict]:
+        """Every line of the ledger, oldest first (a folder saved or a point evaluated again is signed again)."""
+        return [json.loads(line) for line in self.ledger.read_text().splitlines()] if self.ledger.exists() else []
+
+    def result_folders(self) -> list[Path]:
+        """The folders a result rests on: every complete checkpoint and every point's samples."""
+        return [path for _, path in self.list_checkpoints()] + sorted(self.samples.glob("point-*/"))
+
     def truncate_logs(self, step: int) -> None:
         """Drop log lines written after the checkpoint being resumed (they will be redone)."""
         if self.metrics.exists():
@@ -200,7 +239,10 @@ class RunDir:
 
 
 def save_checkpoint(accelerator: Accelerator, run: RunDir, name: str, step: int, keep_periodic: int) -> Path:
-    """`save_state` on every rank into a temporary folder, then an atomic rename by the main process."""
+    """`save_state` on every rank into a temporary folder, signed, then an atomic rename by the main process.
+
+    The digests.json goes in before the rename, so a complete-looking checkpoint is always a signed one; the
+    ledger entry comes after it, so the ledger never signs a checkpoint that a crash left unfinished."""
     final = run.checkpoints / name
     tmp = run.checkpoints / f".tmp-{name}"
     if accelerator.is_main_process and tmp.exists():
@@ -210,9 +252,11 @@ def save_checkpoint(accelerator: Accelerator, run: RunDir, name: str, step: int,
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / "meta.json").write_text(json.dumps({"step": step, "name": name}))
+        write_folder_digests(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        run.sign_folder(final)
         _prune_periodic(run, keep_periodic)
     accelerator.wait_for_everyone()
     return final

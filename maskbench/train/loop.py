@@ -1,10 +1,13 @@
 """The training loop: one run = (arm, data, model, budget, seed), trained to its FLOPs budget.
 
 Every phase of the arm gets its share of the FLOPs budget as whole steps (`plan_phases`). All
-randomness of a step (timesteps, noise, caption dropout, which tokens are dropped) comes from
-generators seeded by (run seed, rank, step), and the loader replays its stream from the resume step,
-so a resumed run is bit-identical to an uninterrupted one on CPU. Training seconds exclude evaluation
-and checkpointing; wall-clock never decides when a run stops.
+randomness of a step (timesteps, noise, caption dropout, which tokens are dropped) comes from one
+generator per purpose seeded by (run seed, data stream, step, purpose), so arms with one seed share
+every draw but the mask, and the loader seeks to its saved position on resume, so a resumed run is
+bit-identical to an uninterrupted one on CPU. Each eval point before the last is a cooled horizon: a
+decay branch run from the trunk and put back (`Trainer._branch`). Training seconds are the steps' own
+time: data wait, compilation, evaluation, checkpointing and resuming are counted apart; wall-clock never
+decides when a run stops.
 
 Data parallelism: the global batch `train.batch_size` is split over processes × `train.grad_accum`
 data streams. Stream s = rank · grad_accum + micro-batch reads its own disjoint share of the shards
@@ -18,6 +21,7 @@ and only rank 0 writes logs, evaluations and leaderboard rows.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import math
@@ -32,7 +36,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, gather_object
 from timm.layers import set_fused_attn
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -51,7 +55,7 @@ from maskbench.files import write_atomic
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
-from maskbench.train.schedule import PhasePlan, make_schedule, step_generators
+from maskbench.train.schedule import Horizon, PhasePlan, Schedule, make_schedule, step_generator
 from maskbench.train.switch import crossed, skip_weight_norm, watches_val_loss
 from maskbench.train.tracking import flat_scalars, log_step
 
@@ -60,23 +64,31 @@ class TrainingStopped(RuntimeError):
     """Training cannot go on (e.g. non-finite losses in a row); the message says why."""
 
 
-def lr_lambda(cfg: RunConfig, total_steps: Callable[[], int]):
-    """total_steps is read at every step: a phase's rule may end it early and replan the rest."""
-    warmup = max(cfg.train.warmup_steps, 0)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if cfg.train.schedule == "cosine":
-            progress = (step - warmup) / max(total_steps() - warmup, 1)
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        return 1.0
-    return factor
-
-
 def batch_digest(batch: dict) -> int:
     """crc32 of a batch's sample keys: a per-step fingerprint of what a stream read, cheap to log and gather."""
     return zlib.crc32("\n".join(batch["key"]).encode())
+
+
+DIGEST_PRIME = 2**31 - 1  # fingerprints are exact int64 arithmetic modulo this prime, and fit a float64
+
+
+def fingerprint(x: torch.Tensor) -> torch.Tensor:
+    """An exact 31-bit fingerprint of a tensor's bytes, computed where the tensor lives (no host copy or
+    sync): Σ_i (word_i mod p)·(i + 1) mod p over its 32-bit words. Each product stays below 2^62 and
+    the sum of < 2^32 reduced terms below 2^63, so int64 never overflows."""
+    words = x.detach().contiguous().flatten()
+    words = (words.view(torch.int32) if words.element_size() == 4 else words.to(torch.int32)).long()  # N
+    index = torch.arange(1, words.numel() + 1, device=words.device) % DIGEST_PRIME                  # N
+    return ((words % DIGEST_PRIME) * index % DIGEST_PRIME).sum() % DIGEST_PRIME
+
+
+def draw_digest(*draws: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One fingerprint of a step's shared draws (t, caption dropout, noise), on `device`: the log shows
+    that two arms with one seed drew the same."""
+    digest = torch.zeros((), dtype=torch.long, device=device)
+    for draw in draws:
+        digest = (digest * 31 + fingerprint(draw).to(device)) % DIGEST_PRIME
+    return digest
 
 
 def checkpoint_blocks(model: DiT) -> None:
@@ -155,6 +167,13 @@ class Trainer:
             self.data = resolve_dataset(cfg.data, cfg.paths.data)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
+        self.branch: Horizon | None = None  # the cooled horizon being trained, if any (`_branch`)
+        self.compiled: set[tuple] = set()   # (mask ratio, trainable) graphs this process has compiled
+
+    @property
+    def active(self) -> Schedule:
+        """The schedule the current step follows: a horizon's branch, or the trunk."""
+        return self.branch.schedule if self.branch is not None else self.schedule
 
     @property
     def streams(self) -> range:
@@ -179,7 +198,9 @@ class Trainer:
         fused = cfg.train.fused_optimizer and acc.device.type == "cuda"
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
                                       weight_decay=cfg.train.weight_decay, fused=fused or None)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, lambda: self.schedule.total_steps))
+        # The LR follows the schedule in force: the trunk's, or a cooled horizon's while its branch trains.
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.active.lr_factor(
+            step, max(cfg.train.warmup_steps, 0), cfg.train.schedule))
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         # Unwrapped once: accelerate's unwrap_model walks every module per call, ~1.5 ms a step on a small model.
         self.net: DiT = acc.unwrap_model(self.model)
@@ -195,61 +216,102 @@ class Trainer:
         if cfg.train.log_with != "none":  # TensorBoard: RUN_DIR/maskbench/; W&B: project maskbench, run = run id
             acc.init_trackers("maskbench", config=flat_scalars(to_dict(cfg)),
                               init_kwargs={"wandb": {"name": self.run.root.name}})
-        latest = self.run.latest_checkpoint()
+        latest = self._latest_trunk_checkpoint()
         if latest is not None:
             trained_on = json.loads(self.run.env.read_text())["n_devices"]
             if trained_on != acc.num_processes:
                 raise ConfigError(f"{self.run.root.name} was trained on {trained_on} processes; resume it on "
                                  f"{trained_on} (each process replays its own data streams)")
+            tick = time.perf_counter()
             load_checkpoint(acc, latest)
+            self.state.resume_seconds += time.perf_counter() - tick
             if self.state.phase_ends:  # rules that fired before the interruption keep their switch
                 self.schedule = make_schedule(cfg, self.data, self.n_streams, self.state.phase_ends)
             if acc.is_main_process:
                 self.run.truncate_logs(self.state.step)
                 print(f"resuming {self.run.root.name} at step {self.state.step}")
 
-    def make_loaders(self) -> list[ShardLoader]:
-        """One loader per stream of this rank, each resuming at the current step."""
+    def _latest_trunk_checkpoint(self) -> Path | None:
+        """The newest checkpoint of the trunk: a cooled horizon's (its branch's end) is not a place to resume."""
+        branches = {RunDir.point_name(h.point) for h in self.schedule.horizons}
+        trunk = [path for _, path in self.run.list_checkpoints() if path.name not in branches]
+        return trunk[-1] if trunk else None
+
+    def make_loaders(self, positions: dict[int, dict] | None = None) -> list[ShardLoader]:
+        """One loader per stream of this rank, each starting at the current step: from `positions` (a
+        stream's `ShardLoader.state_dict()`) when given, else from the checkpoint's, without re-reading
+        the samples before it."""
         cfg, acc = self.cfg, self.accelerator
         decode = loader_decoder(self.data, cfg.model)
-        return [make_loader(self.data.train_source, batch_size=cfg.train.batch_size // self.n_streams, seed=cfg.seed,
-                            rank=stream, world_size=self.n_streams, num_workers=cfg.data.num_workers,
-                            start_step=self.state.step, decode=decode,
-                            max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer,
-                            pin_memory=cfg.train.pin_memory and acc.device.type == "cuda")
-                for stream in self.streams]
+        positions = self.state.loader_state if positions is None else positions
+        tick = time.perf_counter()
+        loaders = [make_loader(self.data.train_source, batch_size=cfg.train.batch_size // self.n_streams,
+                               seed=cfg.seed, rank=stream, world_size=self.n_streams,
+                               num_workers=cfg.data.num_workers, start_step=self.state.step,
+                               resume=positions.get(stream), decode=decode,
+                               max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer,
+                               pin_memory=cfg.train.pin_memory and acc.device.type == "cuda")
+                   for stream in self.streams]
+        if self.state.step and self.branch is None:
+            self.state.resume_seconds += time.perf_counter() - tick
+        return loaders
+
+    def _save_positions(self, loaders: list[ShardLoader]) -> None:
+        """Every stream's loader position into the counters a checkpoint saves (the main process writes
+        them, so the other ranks' positions are gathered to it)."""
+        mine = {stream: loader.state_dict() for stream, loader in zip(self.streams, loaders)}
+        if self.accelerator.num_processes > 1:
+            mine = {k: v for part in gather_object([mine]) for k, v in part.items()}
+        self.state.loader_state = mine
+
+    def _checkpoint(self, name: str, loaders: list[ShardLoader]) -> None:
+        """Save the run here (with its loaders' positions); the time goes to its own counter."""
+        tick = time.perf_counter()
+        self._save_positions(loaders)
+        save_checkpoint(self.accelerator, self.run, name, self.state.step, self.cfg.train.keep_checkpoints)
+        self.state.checkpoint_seconds += time.perf_counter() - tick
 
     # ------------------------------------------------------------------------------------ step
-    def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> torch.Tensor:
-        """The training loss of one stream's micro-batch, its randomness drawn from (seed, stream, step)."""
+    def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training loss of one stream's micro-batch, and the digest of its shared draws.
+
+        Each purpose draws from its own generator keyed by (seed, stream, step, purpose), so every arm
+        with this seed draws the same t, caption dropout and noise here; the mask is its own draw."""
         cfg, acc = self.cfg, self.accelerator
-        unwrapped = self.net
-        gen_cpu, gen_dev = step_generators(cfg.seed, stream, step, acc.device)
+        unwrapped, cpu = self.net, torch.device("cpu")
+
+        def generator(purpose: str, device: torch.device = cpu) -> torch.Generator:
+            return step_generator(cfg.seed, stream, step, purpose, device)
+
         x0 = batch["image"].to(acc.device, non_blocking=True)                          # b×C×H×W
         b = x0.shape[0]
-        t = sample_t(b, gen_cpu, torch.device("cpu")).to(acc.device)                   # b (first draw: see downscaled_count)
-        drop = (torch.rand(b, generator=gen_cpu) < cfg.train.caption_dropout).to(acc.device)  # b
-        keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=gen_cpu,
+        t = sample_t(b, generator("t"), cpu)                                             # b
+        drop = torch.rand(b, generator=generator("dropout")) < cfg.train.caption_dropout  # b
+        keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=generator("mask"),
                                    device=acc.device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
-        noise = torch.randn(x0.shape, generator=gen_dev, device=acc.device)            # b×C×H×W
+        noise = torch.randn(x0.shape, generator=generator("noise", acc.device), device=acc.device)  # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, acc.device)
         with acc.autocast():
-            return windowed_flow_loss(unwrapped, x0, noise, t, context, context_mask, keep_idx, drop,
-                                      self.routes, cfg.train.demote_gate, cfg.train.mae_weight,
-                                      forward=self.forward, generator=gen_dev, demoted=batch.get("demoted"))
+            loss = windowed_flow_loss(unwrapped, x0, noise, t.to(acc.device), context, context_mask, keep_idx,
+                                      drop.to(acc.device), self.routes, cfg.train.demote_gate, cfg.train.mae_weight,
+                                      forward=self.forward, generator=generator("demote", acc.device),
+                                      demoted=batch.get("demoted"))
+        return loss, draw_digest(t, drop, noise, device=acc.device)
 
-    def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> torch.Tensor:
-        """Backward over this rank's micro-batches (all-reduced once, after the last); returns their losses."""
-        acc, losses = self.accelerator, []
+    def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Backward over this rank's micro-batches (all-reduced once, after the last); returns their losses
+        and draw digests."""
+        acc, losses, digests = self.accelerator, [], []
         for micro, (stream, batch) in enumerate(zip(self.streams, batches)):
             sync = micro == len(batches) - 1
             # The kernel choice spans backward too: activation checkpointing recomputes attention there.
             with contextlib.nullcontext() if sync else acc.no_sync(self.model), \
                     attention_kernels(self.cfg.train.attention):
-                loss = self.stream_loss(batch, phase, stream, step)
+                loss, digest = self.stream_loss(batch, phase, stream, step)
                 acc.backward(loss / len(batches))
             losses.append(loss.detach())
-        return torch.stack(losses)                                                       # grad_accum
+            digests.append(digest)
+        return torch.stack(losses), torch.stack(digests)                                 # grad_accum each
 
     def apply_update(self, losses_finite: bool) -> tuple[float, bool, bool]:
         """Clip and step, or drop the gradients of a non-finite step, or of one the step guard refuses
@@ -265,22 +327,27 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, finite, stepped
 
-    def train_step(self, batch_iters: list, phase: PhasePlan, step: int) -> dict:
-        """Read, forward, backward and update; every number returned is the same on every rank."""
-        acc, waits, batches = self.accelerator, [], []
-        for batch_iter in batch_iters:
-            tick = time.perf_counter()
-            batches.append(next(batch_iter))
-            waits.append(time.perf_counter() - tick)
-        losses = self.accumulate_gradients(batches, phase, step)                       # grad_accum
-        stop = float(self.stop_signal is not None)
-        local = [[loss, batch_digest(batch), wait, stop] for loss, batch, wait in zip(losses.tolist(), batches, waits)]
-        stats = acc.gather(torch.tensor(local, dtype=torch.float64, device=acc.device)).cpu()  # streams×4
+    def read_batches(self, batch_iters: list) -> tuple[list[dict], float]:
+        """The next batch of each of this rank's streams, and the seconds spent waiting for them."""
+        tick = time.perf_counter()
+        batches = [next(batch_iter) for batch_iter in batch_iters]
+        return batches, time.perf_counter() - tick
+
+    def train_step(self, batches: list[dict], wait: float, phase: PhasePlan, step: int) -> dict:
+        """Forward, backward and update; every number returned is the same on every rank."""
+        acc = self.accelerator
+        losses, digests = self.accumulate_gradients(batches, phase, step)                # grad_accum each
+        host = torch.tensor([[batch_digest(batch), wait, self.stop_signal is not None] for batch in batches],
+                            dtype=torch.float64)                                             # grad_accum×3
+        local = torch.cat([losses.double()[:, None], host.to(acc.device)[:, :1], digests.double()[:, None],
+                           host.to(acc.device)[:, 1:]], dim=1)                               # grad_accum×5
+        stats = acc.gather(local).cpu()  # streams×5: the step's one host sync
         grad_norm, finite, stepped = self.apply_update(bool(torch.isfinite(stats[:, 0]).all()))
         return {"loss": stats[:, 0].mean().item(), "grad_norm": grad_norm, "finite": finite, "stepped": stepped,
                 "data_digest": [f"{int(d):08x}" for d in stats[:, 1]],
-                "data_wait": stats[:, 2].view(acc.num_processes, -1).sum(1).max().item(),  # the slowest rank
-                "stop": bool(stats[:, 3].any())}
+                "draw_digest": [f"{int(d):08x}" for d in stats[:, 2]],
+                "data_wait": stats[:, 3].view(acc.num_processes, -1)[:, 0].max().item(),  # the slowest rank
+                "stop": bool(stats[:, 4].any())}
 
     # ------------------------------------------------------------------------------------- run
     def fit(self) -> Path:
@@ -296,6 +363,7 @@ class Trainer:
             return self._train(self.make_loaders())
 
     def _train(self, loaders: list[ShardLoader]) -> Path:
+        """The trunk: every step of the budget, with each cooled horizon's branch run where it forks."""
         acc, cfg, state = self.accelerator, self.cfg, self.state  # self.schedule: a rule that fires replans it
         batch_iters = [iter(loader) for loader in loaders]
         bar = tqdm(total=self.schedule.total_flops, initial=state.flops, unit="FLOP", unit_scale=True,
@@ -303,70 +371,137 @@ class Trainer:
         last_checkpoint, bad_in_row = time.monotonic(), 0
         with open(self.run.metrics, "a") as metrics_log:
             while state.step < self.schedule.total_steps:
+                for horizon in self.schedule.horizons:
+                    if horizon.fork == state.step and horizon.point not in self.run.evaluated_points():
+                        self._checkpoint(f"step-{state.step:08d}", loaders)  # a branch cut short resumes here
+                        if self._branch(horizon, loaders):
+                            bar.close()
+                            return self._stop(True, loaders)
+                        last_checkpoint = time.monotonic()
                 phase, flops = self.schedule.phase_at(state.step)
-                self._enter(phase)
-                tick = time.perf_counter()
-                out = self.train_step(batch_iters, phase, state.step)
-                if acc.device.type == "cuda":
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - tick
+                out = self._step(phase, flops, batch_iters, loaders, metrics_log)
                 bad_in_row = 0 if out["finite"] else bad_in_row + 1
-                state.skipped_nonfinite += not out["finite"]
-                state.skipped_grad_norm += out["finite"] and not out["stepped"]
                 if bad_in_row >= cfg.train.max_bad_steps:
                     raise TrainingStopped(f"{bad_in_row} non-finite losses in a row at step {state.step}; "
                                           "lower train.lr or check the data")
-                state.step += 1
-                state.flops += flops
-                state.train_seconds += seconds
-                state.data_wait_seconds += out["data_wait"]
-                state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
-                diagnostics = self.block_norms.step()
-                switch = self._check_rule(phase)
-                if acc.is_main_process:
-                    record = {
-                        "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
-                        "lr": self.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
-                        "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
-                        "data_digest": out["data_digest"], "bad_samples": state.bad_samples,
-                        "skipped_nonfinite": state.skipped_nonfinite, **diagnostics, **switch}
-                    if cfg.train.skip_step_grad_norm is not None:
-                        record["skipped_grad_norm"] = state.skipped_grad_norm
-                    metrics_log.write(json.dumps(record) + "\n")
-                    if cfg.train.log_with != "none":
-                        log_step(acc, record, state.step)
                 bar.total = self.schedule.total_flops
                 bar.update(flops)
                 bar.set_postfix_str(f"step {state.step}/{self.schedule.total_steps} mask {phase.mask_ratio:g} "
                                     f"loss {out['loss']:.4f}", refresh=False)
                 if state.step in self.schedule.eval_steps:
                     metrics_log.flush()
+                    self._save_positions(loaders)
                     self._reach_point(self.schedule.eval_steps[state.step])
                     last_checkpoint = time.monotonic()
                 elif time.monotonic() - last_checkpoint > cfg.train.checkpoint_minutes * 60:
-                    save_checkpoint(acc, self.run, f"step-{state.step:08d}", state.step, cfg.train.keep_checkpoints)
+                    self._checkpoint(f"step-{state.step:08d}", loaders)
                     last_checkpoint = time.monotonic()
                 if out["stop"] or state.step == cfg.train.stop_at_step:
                     metrics_log.flush()
                     bar.close()
-                    return self._stop(out["stop"])
+                    return self._stop(out["stop"], loaders)
         bar.close()
         if acc.is_main_process:
             write_atomic(self.run.done, json.dumps({"step": state.step, "flops": state.flops,
+                                                    "branches_flops": state.branches_flops,
                                                     "train_seconds": state.train_seconds}))
         return self.run.root
 
-    def _stop(self, signalled: bool) -> Path:
+    def _step(self, phase: PhasePlan, flops: int, batch_iters: list, loaders: list[ShardLoader], log) -> dict:
+        """One training step of the schedule in force: its counters and its line in `log`.
+
+        The step's seconds (device synchronised) exclude the wait for its batches, which has its own
+        counter; the first step of a graph `torch.compile` has not built yet counts as compilation."""
+        acc, state = self.accelerator, self.state
+        self._enter(phase)
+        batches, wait = self.read_batches(batch_iters)
+        tick = time.perf_counter()
+        out = self.train_step(batches, wait, phase, state.step)
+        if acc.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - tick
+        graph = (phase.mask_ratio, phase.trainable)
+        if self.cfg.train.compile and graph not in self.compiled:
+            self.compiled.add(graph)
+            state.compile_seconds += seconds
+        else:
+            state.train_seconds += seconds
+        state.skipped_nonfinite += not out["finite"]
+        state.skipped_grad_norm += out["finite"] and not out["stepped"]
+        state.step += 1
+        state.flops += flops
+        state.branch_flops += flops if self.branch is not None else 0
+        state.data_wait_seconds += out["data_wait"]
+        state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
+        diagnostics = self.block_norms.step()
+        switch = self._check_rule(phase) if self.branch is None else {}
+        if acc.is_main_process:
+            record = {
+                "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
+                "lr": self.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
+                "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
+                "data_digest": out["data_digest"], "draw_digest": out["draw_digest"],
+                "bad_samples": state.bad_samples, "skipped_nonfinite": state.skipped_nonfinite,
+                **diagnostics, **switch}
+            if self.cfg.train.skip_step_grad_norm is not None:
+                record["skipped_grad_norm"] = state.skipped_grad_norm
+            log.write(json.dumps(record) + "\n")
+            if self.cfg.train.log_with != "none" and self.branch is None:
+                log_step(acc, record, state.step)
+        return out
+
+    def _branch(self, horizon: Horizon, loaders: list[ShardLoader]) -> bool:
+        """Train a cooled horizon from the trunk's current step to its end, evaluate it, then put the trunk
+        back exactly as it was. Returns True when a stop signal cut the branch short (nothing of it kept:
+        the trunk checkpoint at the fork reruns it on resume).
+
+        The branch reads its own loaders, opened at the trunk's current position, so the trunk's stream is
+        untouched; from the fork on it is the standalone run of budget point × budget, step for step."""
+        trunk = self._snapshot()
+        self.branch = horizon
+        branch_loaders = self.make_loaders(trunk["positions"])
+        batch_iters = [iter(loader) for loader in branch_loaders]
+        stopped = False
+        with open(self.run.branch_metrics(horizon.point), "w") as log:
+            while self.state.step < horizon.schedule.total_steps and not stopped:
+                phase, flops = horizon.schedule.phase_at(self.state.step)
+                stopped = self._step(phase, flops, batch_iters, branch_loaders, log)["stop"]
+        if not stopped:
+            self._save_positions(branch_loaders)
+            self._reach_point(horizon.point)
+        del batch_iters, branch_loaders
+        self.branch = None
+        self._restore(trunk)
+        return stopped
+
+    # Counters of the whole process, not of one horizon's run: they carry over when the trunk is restored.
+    _RUN_COUNTERS = ("compile_seconds", "eval_seconds", "checkpoint_seconds", "resume_seconds")
+
+    def _snapshot(self) -> dict:
+        """Everything a branch changes, copied (the trunk resumes from it bit for bit)."""
+        return {"model": copy.deepcopy(self.net.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "scheduler": copy.deepcopy(self.scheduler.state_dict()), "ema": copy.deepcopy(self.ema.state_dict()),
+                "state": copy.deepcopy(self.state.state_dict()), "positions": dict(self.state.loader_state)}
+
+    def _restore(self, trunk: dict) -> None:
+        state = self.state
+        carried = {name: getattr(state, name) for name in self._RUN_COUNTERS}
+        carried["branches_flops"] = trunk["state"]["branches_flops"] + state.branch_flops
+        self.net.load_state_dict(trunk["model"])
+        self.optimizer.load_state_dict(trunk["optimizer"])
+        self.scheduler.load_state_dict(trunk["scheduler"])
+        self.ema.load_state_dict(trunk["ema"])
+        state.load_state_dict({**trunk["state"], **carried})
+
+    def _stop(self, signalled: bool, loaders: list[ShardLoader]) -> Path:
         """Preemption (a signal on any rank) or a requested stop: save where we are so that rerunning resumes here."""
         state = self.state
         if state.step not in self.schedule.eval_steps:
-            save_checkpoint(self.accelerator, self.run, f"step-{state.step:08d}", state.step,
-                            self.cfg.train.keep_checkpoints)
+            self._checkpoint(f"step-{state.step:08d}", loaders)
         reason = "a signal" if signalled else "train.stop_at_step"
         self.accelerator.print(f"stopped at step {state.step} ({reason}); checkpoint saved, "
                                "rerun the same command to resume")
         return self.run.root
-
 
     # ---------------------------------------------------------------------------------- phases
     def _enter(self, phase: PhasePlan) -> None:
@@ -407,13 +542,18 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- points
     def _reach_point(self, point: float, save: bool = True) -> None:
-        """Checkpoint an eval point, then hand it to `on_point` (evaluation lives above training)."""
+        """Checkpoint an eval point, then hand it to `on_point` (evaluation lives above training); each
+        has its own time counter, which the point's row reports."""
         if save:
+            tick = time.perf_counter()
             save_checkpoint(self.accelerator, self.run, RunDir.point_name(point), self.state.step,
                             self.cfg.train.keep_checkpoints)
+            self.state.checkpoint_seconds += time.perf_counter() - tick
+        tick = time.perf_counter()
         if self.on_point is not None:
             self.on_point(self, point)
         self.accelerator.wait_for_everyone()
+        self.state.eval_seconds += time.perf_counter() - tick
 
 
 def make_accelerator(cfg: RunConfig) -> Accelerator:

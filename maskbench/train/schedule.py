@@ -1,9 +1,11 @@
-"""The plan of a run: its FLOPs budget as whole steps per phase, each step's cost, and its randomness.
+"""The plan of a run: its FLOPs budget as whole steps per phase, each step's cost, its LR, its cooled
+horizons, and its randomness.
 
 Every step's randomness (timesteps, noise, caption dropout, masks) is a function of (seed, stream,
-step), so the plan knows before training what each step will cost, including steps where some samples
-train downscaled, and the budget is spent exactly. The per-step FLOPs themselves are counted
-analytically in `maskbench.train.flops`.
+step, purpose), so the plan knows before training what each step will cost, including steps where some
+samples train downscaled, and the budget is spent exactly. The per-step FLOPs themselves are counted
+analytically in `maskbench.train.flops`. Under the warmup-stable-decay LR schedule every eval point
+before the last is a `Horizon`: the standalone plan of that budget and the trunk step it forks from.
 """
 
 from __future__ import annotations
@@ -11,24 +13,35 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from maskbench.config import ConfigError, Phase, RunConfig, Trainable, Until, demote_routes
+from maskbench.config import ConfigError, LRSchedule, Phase, RunConfig, Trainable, Until, demote_routes
 from maskbench.data.dataset import DatasetInfo
 from maskbench.models.objective import route_choice, sample_t
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
 
 
-def step_generators(seed: int, stream: int, step: int, device: torch.device
-                    ) -> tuple[torch.Generator, torch.Generator]:
-    """(CPU generator for t / dropout / masks, device generator for noise), both a function of the step."""
-    value = (seed * 1_000_003 + stream) * 10_000_019 + step
-    cpu = torch.Generator().manual_seed(value)
-    dev = torch.Generator(device=device).manual_seed(value + 1) if device.type != "cpu" else cpu
-    return cpu, dev
+# The purposes a step draws random numbers for, each from its own stream (common random numbers): two
+# arms with one seed draw the same t, caption dropout and noise at every step they share, whatever else
+# each draws (the mask, a demotion route's fresh noise) and in whatever order.
+DRAWS = ("t", "dropout", "noise", "mask", "demote")
+
+
+def step_generator(seed: int, stream: int, step: int, purpose: str,
+                   device: torch.device = torch.device("cpu")) -> torch.Generator:
+    """The generator of one purpose's draws at one step of one data stream, keyed by all four.
+
+    numpy's SeedSequence hashes the key, so neighbouring steps and purposes get unrelated streams; the
+    generator lives on `device` (noise is drawn where it is used: a CUDA generator on a GPU, so the
+    pairing holds on every device, though CPU and GPU draw different numbers).
+    """
+    key = np.random.SeedSequence([seed, stream, step, DRAWS.index(purpose)]).generate_state(1, np.uint64)[0]
+    return torch.Generator(device=device).manual_seed(int(key) >> 1)  # 63 bits: manual_seed's positive range
 
 
 @dataclass(frozen=True)
@@ -87,9 +100,12 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
 
 @dataclass
 class Schedule:
-    """Where each step sits: its phase, its FLOPs, and the steps at which eval points fall."""
+    """Where each step sits: its phase, its FLOPs, the steps at which eval points fall, where its LR
+    decays, and (wsd) the cooled horizons that branch off it."""
     phases: list[PhasePlan]
-    eval_steps: dict[int, float]   # steps completed -> eval point
+    eval_steps: dict[int, float]   # steps completed -> eval point (evaluated on this schedule's own weights)
+    decay_start: int | None = None  # wsd: the first step of the LR decay
+    horizons: list[Horizon] = field(default_factory=list)  # wsd: the eval points before the last, as branches
 
     @property
     def total_steps(self) -> int:
@@ -107,12 +123,39 @@ class Schedule:
             step -= phase.steps
         raise IndexError("step past the end of the schedule")
 
+    def lr_factor(self, step: int, warmup: int, kind: str) -> float:
+        """The LR multiplier of step `step`: a linear warm-up, then constant, cosine to the end, or (wsd)
+        constant until `decay_start` and 1 − √progress over the rest (Hägele et al. 2024's best decay shape)."""
+        warm = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        if kind == LRSchedule.cosine:
+            progress = (step - warmup) / max(self.total_steps - warmup, 1)
+            return warm if step < warmup else 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        span = self.total_steps - (self.decay_start or 0)  # decay steps (none: a plan too short to decay)
+        if kind == LRSchedule.wsd and self.decay_start is not None and step >= self.decay_start and span > 0:
+            return warm * (1 - math.sqrt(min((step - self.decay_start) / span, 1.0)))
+        return warm
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """An eval point of a wsd run: the same arm trained *to* `point` × budget and annealed.
+
+    `schedule` is exactly the plan a standalone run of that budget would follow. Until `fork` its steps
+    are the trunk's (same phases, FLOPs and constant LR), so the trainer runs the trunk to `fork`, then
+    this schedule's remaining steps as a branch, evaluates, and resumes the trunk where it left it.
+    """
+    point: float
+    schedule: Schedule
+    fork: int
+
 
 def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mapping[int, int] | None = None) -> Schedule:
     """Plan phases by FLOPs, then put each eval point at the first step whose FLOPs reach it.
 
     With `ends` (phases whose rule fired: `plan_phases`), the eval points a run had already reached when
     a rule fired keep their steps; the later ones move to where the replanned FLOPs reach them.
+    Under `train.schedule=wsd` every eval point before the last is a `Horizon` instead: a branch with
+    its own cooled schedule (a rule arm is refused points before the last by the config).
     """
     cost = functools.cache(functools.partial(batch_step_flops, cfg, data))  # (mask ratio, downscaled) -> FLOPs
     frozen = functools.cache(functools.partial(skips_only_batch_flops, cfg, data))  # mask ratio -> FLOPs
@@ -122,17 +165,31 @@ def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mappi
             return frozen(phase.mask_ratio)
         return cost(phase.mask_ratio, downscaled_count(cfg, n_streams, step))
 
+    def planned(budget: float, points: Sequence[float], ends: Mapping[int, int]) -> Schedule:
+        phases = plan_phases(cfg.arm.phases, budget, step_cost, ends)
+        decay = _decay_start(phases, cfg.train.decay_fraction) if cfg.train.schedule == LRSchedule.wsd else None
+        return Schedule(phases, _eval_steps(points, phases), decay)
+
+    if cfg.train.schedule == LRSchedule.wsd:
+        trunk = planned(cfg.budget.flops, [p for p in cfg.eval.points if p == 1.0], dict(ends or {}))
+        for point in sorted(p for p in cfg.eval.points if p < 1.0):
+            try:
+                alone = planned(point * cfg.budget.flops, [1.0], {})
+            except ConfigError as err:
+                raise ConfigError(f"eval point {point:g} is a run of its own under train.schedule=wsd, and {err}; "
+                                  "raise budget.flops or drop that point") from None
+            trunk.horizons.append(Horizon(point, alone, _fork_step(trunk, alone)))
+        return trunk
     ends = dict(ends or {})
-    phases = plan_phases(cfg.arm.phases, cfg.budget.flops, step_cost)
-    eval_steps = _eval_steps(cfg.eval.points, phases)
+    schedule = planned(cfg.budget.flops, cfg.eval.points, {})
     for index in sorted(ends):
-        phases = plan_phases(cfg.arm.phases, cfg.budget.flops, step_cost, {i: ends[i] for i in ends if i <= index})
-        switch = phases[index + 1].start
-        reached = {step: point for step, point in eval_steps.items() if step <= switch}
-        later = {max(step, switch + 1): point for step, point in _eval_steps(cfg.eval.points, phases).items()
+        replanned = planned(cfg.budget.flops, cfg.eval.points, {i: ends[i] for i in ends if i <= index})
+        switch = replanned.phases[index + 1].start
+        reached = {step: point for step, point in schedule.eval_steps.items() if step <= switch}
+        later = {max(step, switch + 1): point for step, point in replanned.eval_steps.items()
                  if point not in reached.values()}
-        eval_steps = {**reached, **later}
-    return Schedule(phases, eval_steps)
+        schedule = Schedule(replanned.phases, {**reached, **later}, replanned.decay_start)
+    return schedule
 
 
 def _eval_steps(points: Sequence[float], phases: list[PhasePlan]) -> dict[int, float]:
@@ -143,6 +200,22 @@ def _eval_steps(points: Sequence[float], phases: list[PhasePlan]) -> dict[int, f
         target = point * cumulative[-1] * (1 - 1e-9)
         eval_steps[bisect.bisect_left(cumulative, target) + 1] = point
     return eval_steps
+
+
+def _decay_start(phases: list[PhasePlan], fraction: float) -> int:
+    """The first step all of whose predecessors together spend ≥ (1 − fraction) of the FLOPs."""
+    cumulative = list(itertools.accumulate(flops for phase in phases for flops in phase.flops_per_step))
+    return min(bisect.bisect_left(cumulative, (1 - fraction) * cumulative[-1] * (1 - 1e-9)) + 1, len(cumulative))
+
+
+def _fork_step(trunk: Schedule, alone: Schedule) -> int:
+    """The first step at which a horizon's standalone plan leaves the trunk's: its LR decay, or a phase
+    that ends sooner (a two-phase arm's last phase is then wholly in the branch)."""
+    fork = min(alone.decay_start, trunk.decay_start)
+    for mine, theirs in zip(alone.phases, trunk.phases):
+        if mine.steps != theirs.steps:
+            return min(fork, mine.start + min(mine.steps, theirs.steps))
+    return fork
 
 
 def _step_flops(counter: Callable[..., int], cfg: RunConfig, data: DatasetInfo, image_size: int, batch: int,
@@ -171,14 +244,14 @@ def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downs
 def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> tuple[int, ...]:
     """How many samples of global step `step` train on each demotion route (`route_choice` of their t).
 
-    Each stream's t is the first draw of its step generator (as in `Trainer.stream_loss`), and the
-    batch gate decides per stream micro-batch as the loss does, so the counts are known before
-    training and the FLOPs budget can be planned exactly.
+    Each stream's t comes from its step's "t" generator (as in `Trainer.stream_loss`), and the batch
+    gate decides per stream micro-batch as the loss does, so the counts are known before training and
+    the FLOPs budget can be planned exactly.
     """
     routes = demote_routes(cfg.train)
     if not routes:
         return ()
     cpu, b = torch.device("cpu"), cfg.train.batch_size // n_streams
-    choices = torch.cat([route_choice(sample_t(b, step_generators(cfg.seed, s, step, cpu)[0], cpu), routes,
+    choices = torch.cat([route_choice(sample_t(b, step_generator(cfg.seed, s, step, "t"), cpu), routes,
                                       cfg.train.demote_gate) for s in range(n_streams)])  # B, −1 = native
     return tuple(int((choices == index).sum()) for index in range(len(routes)))

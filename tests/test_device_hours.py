@@ -1,0 +1,62 @@
+"""Honest device-hours: `gpu_hours` is the training steps' time alone; waiting for data, compiling,
+evaluating, checkpointing and resuming each have their own column."""
+
+from __future__ import annotations
+
+import functools
+import time
+import types
+
+import torch
+
+import maskbench.train.loop as loop
+from maskbench.config import load_config
+from maskbench.results.leaderboard import read_rows
+from maskbench.runs.launch import train
+from tests.conftest import tiny_overrides
+
+DELAY = 1000.0  # fake seconds each batch takes to load: far above any real step, so no timing can blur it
+
+
+class SlowClock:
+    """The trainer's clock, plus DELAY for every batch the loader decodes (decoding runs in-process)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+def test_a_slow_loader_shows_in_data_wait_and_not_in_gpu_hours(tmp_path, synth_root, monkeypatch):
+    clock, batch, real_decoder = SlowClock(), 8, loop.loader_decoder
+
+    def slow_decoder(data, model_cfg):
+        decode = real_decoder(data, model_cfg)
+
+        def slow(sample: dict) -> dict:
+            clock.offset += DELAY / batch
+            return decode(sample)
+        return slow
+
+    monkeypatch.setattr(loop, "loader_decoder", slow_decoder)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
+                                                            monotonic=clock.monotonic))
+    train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]",
+                                     f"train.batch_size={batch}", "data.shuffle_buffer=8")))
+    (row,) = read_rows([tmp_path / "leaderboard.csv"])
+    assert row["data_wait_s"] >= DELAY * row["step"]
+    assert row["gpu_hours"] * 3600 < DELAY  # the steps' own time: no batch's loading in it
+
+
+def test_compilation_has_its_own_column(tmp_path, synth_root, monkeypatch):
+    """The first step of each compiled graph (one per phase here) counts as compilation, not training."""
+    monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
+    train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask75_then0", "eval.points=[1.0]",
+                                     "train.compile=true")))
+    (row,) = read_rows([tmp_path / "leaderboard.csv"])
+    assert row["compile_s"] > 0 and row["gpu_hours"] > 0
+    assert row["checkpoint_s"] > 0  # the final point's checkpoint was written before its row
