@@ -60,3 +60,13 @@ def test_compilation_has_its_own_column(tmp_path, synth_root, monkeypatch):
     (row,) = read_rows([tmp_path / "leaderboard.csv"])
     assert row["compile_s"] > 0 and row["gpu_hours"] > 0
     assert row["checkpoint_s"] > 0  # the final point's checkpoint was written before its row
+
+
+def test_an_mfu_above_one_warns_that_the_peak_is_too_low(tmp_path, synth_root, monkeypatch, capsys):
+    """A peak measured while the machine was busy understates it; the run says so instead of printing a
+    utilisation above 100% as if it were one."""
+    import maskbench.runs.launch as launch
+
+    monkeypatch.setattr(launch, "device_peak", lambda device, precision: (1.0, "measured:stand-in"))
+    train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]")))
+    assert "bench peak --remeasure" in capsys.readouterr().err

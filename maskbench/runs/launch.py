@@ -10,6 +10,7 @@ run that starts from another run's weights (`init_from`) finds and checks them (
 from __future__ import annotations
 
 import dataclasses
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -105,9 +106,14 @@ class PointRecorder:
             return
         result["diagnostics"] = diagnostics
         peak, source = device_peak(acc.device, matmul_precision(acc.mixed_precision, acc.device))
-        utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak)
-        print(f"point {point:g}: {utilisation * peak / 1e12:.3g} TFLOP/s per device, MFU {utilisation:.1%} of "
-              f"{peak / 1e12:.3g} ({source})")
+        # None when every step so far was a compile step (`compile_s`): no step time to divide by
+        utilisation = mfu(state.flops, state.train_seconds, acc.num_processes, peak) if state.train_seconds else None
+        if utilisation is not None:
+            print(f"point {point:g}: {utilisation * peak / 1e12:.3g} TFLOP/s per device, MFU {utilisation:.1%} of "
+                  f"{peak / 1e12:.3g} ({source})")
+        if utilisation is not None and utilisation > 1:  # a peak measured while the machine was busy
+            print(f"warning: MFU above 100% means the peak is too low; on a quiet machine run "
+                  f"`maskbench bench peak --remeasure`", file=sys.stderr)
         row = leaderboard_row(trainer.cfg, trainer.data, state, point, result, trainer.params, acc.num_processes,
                               device_name(acc.device), utilisation)
         record_point(trainer.run, row, result, trainer.cfg.paths.leaderboard)
