@@ -15,11 +15,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from maskbench.cli import main
-from maskbench.config import load_config
+from maskbench.config import demote_routes, known_arms, load_config
+from maskbench.data.dataset import resolve_dataset
 from maskbench.data.shards import make_loader
 from maskbench.eval.evaluate import load_samples
+from maskbench.models.build import build_model
+from maskbench.models.dit import idle_parameters
+from maskbench.models.masking import random_keep_idx
+from maskbench.models.objective import windowed_flow_loss
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
 from maskbench.train.loop import Trainer, batch_digest
@@ -97,3 +103,70 @@ def test_activation_checkpointing_and_math_attention_keep_the_loss_trace(tmp_pat
 def test_batch_must_split_evenly_over_streams(tmp_path, synth_root):
     with pytest.raises(ValueError, match="divisible by processes × train.grad_accum = 3"):
         Trainer(load_config(tiny_overrides(tmp_path, synth_root, "train.grad_accum=3")))
+
+
+def test_maskdit_crosses_its_switch_on_two_processes(tmp_path, synth_root):
+    """At mask 0 MaskDiT's mask token gets no gradient (nothing is dropped, so nothing is filled); DDP must
+    still finish the step (with find_unused_parameters=False it stops at the switch: "Expected to have
+    finished reduction in the prior iteration")."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "maskbench", "run", *tiny_overrides(tmp_path, synth_root, "arm=maskdit50", "budget.flops=3e9",
+                                                          "eval.points=[1.0]", "data.shuffle_buffer=32")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    ratios = [m["mask_ratio"] for m in _metrics(run_dir)]
+    assert ratios[0] == 0.5 and ratios[-3:] == [0.0] * 3 and (run_dir / "done.json").exists()
+
+
+@pytest.mark.parametrize("arm", [a for a in known_arms() if a != "lsc_convert"])  # skips-only phases: 1 process
+def test_idle_parameters_are_exactly_those_a_phase_gives_no_gradient(tmp_path, synth_root, arm):
+    """DDP is told to look for unused parameters only when `idle_parameters` names some; a real backward of
+    each phase of each shipped arm must leave exactly those without a gradient, or a multi-GPU run stops."""
+    cfg = load_config(tiny_overrides(tmp_path, synth_root, f"arm={arm}", "eval.points=[1.0]"))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data, create=False))
+    gen = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(4, 3, 32, 32, generator=gen), torch.randn(4, 3, 32, 32, generator=gen)
+    t = torch.tensor([0.1, 0.4, 0.7, 0.95])
+    ids, mask = model.text_encoder.tokenize(["a red circle"] * 4)
+    drop = torch.tensor([True, False, False, False])
+    for phase in cfg.arm.phases:
+        model.zero_grad(set_to_none=True)
+        keep_idx = random_keep_idx(4, model.seq_len, phase.mask_ratio, generator=gen, grid=model.grid,
+                                   structured=cfg.model.structured_mask)
+        windowed_flow_loss(model, x0, noise, t, ids, mask, keep_idx, drop, demote_routes(cfg.train),
+                           cfg.train.demote_gate, cfg.train.mae_weight, generator=gen).backward()
+        no_grad = {name for name, p in model.named_parameters() if p.requires_grad and p.grad is None}
+        assert no_grad == set(idle_parameters(cfg.model, phase.mask_ratio)), (arm, phase.mask_ratio)
+
+
+SKEWED_CLOCK = """
+import os, sys, time
+import maskbench.train.loop as loop
+from maskbench.cli import main
+
+if os.environ["RANK"] == "1":  # this rank believes an hour passes between any two readings
+    real = time.monotonic
+    calls = iter(range(10**9))
+    loop.time = type("SkewedTime", (), {"perf_counter": staticmethod(time.perf_counter),
+                                        "monotonic": staticmethod(lambda: real() + 3600 * next(calls))})
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_whose_clock_runs_ahead_does_not_checkpoint_alone(tmp_path, synth_root):
+    """The periodic checkpoint is a collective (every rank saves, then meets in a barrier): if each rank
+    decided it from its own clock, the one that runs ahead would wait in the barrier while the other
+    entered the next step's all-reduce. Rank 0's clock decides for both; the run finishes."""
+    script = tmp_path / "skewed.py"
+    script.write_text(SKEWED_CLOCK)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+               "run", *tiny_overrides(tmp_path, synth_root, *ARM, "eval.points=[1.0]")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert (run_dir / "done.json").exists()
+    assert not any(p.name.startswith("step-") for p in (run_dir / "checkpoints").iterdir())  # rank 0: none due

@@ -167,6 +167,16 @@ class SkipGate(nn.Module):
         return gate[..., None]                                                    # B×K×1
 
 
+def idle_parameters(cfg: ModelConfig, mask_ratio: float) -> list[str]:
+    """The parameters a training step at `mask_ratio` gives no gradient.
+
+    With a decoder and nothing dropped, no slot is filled with the mask token. DDP has to be told
+    (`find_unused_parameters`), or it waits for that gradient and fails at the next step;
+    `tests/test_distributed.py` checks this list against a real backward for every shipped arm.
+    """
+    return ["mask_token"] if cfg.decoder_depth and mask_ratio == 0 else []
+
+
 def long_skip_pairs(depth: int) -> list[tuple[int, int]]:
     """(block i, the block depth-1-i whose output it fuses) for every i in the second half, innermost first.
 

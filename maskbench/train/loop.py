@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, gather_object
+from accelerate.utils import (DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list,
+                               gather_object)
 from timm.layers import set_fused_attn
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -47,7 +48,7 @@ from maskbench.config import ConfigError, RunConfig, Trainable, demote_routes, r
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.shards import ShardLoader, make_loader
 from maskbench.models.build import batch_context, build_model, loader_decoder
-from maskbench.models.dit import DiT
+from maskbench.models.dit import DiT, idle_parameters
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
@@ -168,6 +169,7 @@ class Trainer:
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
         self.branch: Horizon | None = None  # the cooled horizon being trained, if any (`_branch`)
+        self.last_checkpoint = time.monotonic()  # when the trunk last saved (periodic checkpoints)
         self.compiled: set[tuple] = set()   # (mask ratio, trainable) graphs this process has compiled
 
     @property
@@ -291,11 +293,12 @@ class Trainer:
                                    device=acc.device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
         noise = torch.randn(x0.shape, generator=generator("noise", acc.device), device=acc.device)  # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, acc.device)
+        demoted = {ratio: x.to(acc.device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
         with acc.autocast():
             loss = windowed_flow_loss(unwrapped, x0, noise, t.to(acc.device), context, context_mask, keep_idx,
                                       drop.to(acc.device), self.routes, cfg.train.demote_gate, cfg.train.mae_weight,
                                       forward=self.forward, generator=generator("demote", acc.device),
-                                      demoted=batch.get("demoted"))
+                                      demoted=demoted or None)  # on the device: the loss indexes it by t there
         return loss, draw_digest(t, drop, noise, device=acc.device)
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,17 +340,19 @@ class Trainer:
         """Forward, backward and update; every number returned is the same on every rank."""
         acc = self.accelerator
         losses, digests = self.accumulate_gradients(batches, phase, step)                # grad_accum each
-        host = torch.tensor([[batch_digest(batch), wait, self.stop_signal is not None] for batch in batches],
-                            dtype=torch.float64)                                             # grad_accum×3
+        due = time.monotonic() - self.last_checkpoint > self.cfg.train.checkpoint_minutes * 60
+        host = torch.tensor([[batch_digest(batch), wait, self.stop_signal is not None, due] for batch in batches],
+                            dtype=torch.float64)                                             # grad_accum×4
         local = torch.cat([losses.double()[:, None], host.to(acc.device)[:, :1], digests.double()[:, None],
-                           host.to(acc.device)[:, 1:]], dim=1)                               # grad_accum×5
-        stats = acc.gather(local).cpu()  # streams×5: the step's one host sync
+                           host.to(acc.device)[:, 1:]], dim=1)                               # grad_accum×6
+        stats = acc.gather(local).cpu()  # streams×6: the step's one host sync
         grad_norm, finite, stepped = self.apply_update(bool(torch.isfinite(stats[:, 0]).all()))
         return {"loss": stats[:, 0].mean().item(), "grad_norm": grad_norm, "finite": finite, "stepped": stepped,
                 "data_digest": [f"{int(d):08x}" for d in stats[:, 1]],
                 "draw_digest": [f"{int(d):08x}" for d in stats[:, 2]],
                 "data_wait": stats[:, 3].view(acc.num_processes, -1)[:, 0].max().item(),  # the slowest rank
-                "stop": bool(stats[:, 4].any())}
+                "stop": bool(stats[:, 4].any()),
+                "checkpoint_due": bool(stats[0, 5])}  # rank 0's clock decides for every rank
 
     # ------------------------------------------------------------------------------------- run
     def fit(self) -> Path:
@@ -368,7 +373,7 @@ class Trainer:
         batch_iters = [iter(loader) for loader in loaders]
         bar = tqdm(total=self.schedule.total_flops, initial=state.flops, unit="FLOP", unit_scale=True,
                    disable=not acc.is_main_process, desc=self.run.root.name, dynamic_ncols=True)
-        last_checkpoint, bad_in_row = time.monotonic(), 0
+        self.last_checkpoint, bad_in_row = time.monotonic(), 0
         with open(self.run.metrics, "a") as metrics_log:
             while state.step < self.schedule.total_steps:
                 for horizon in self.schedule.horizons:
@@ -377,7 +382,7 @@ class Trainer:
                         if self._branch(horizon, loaders):
                             bar.close()
                             return self._stop(True, loaders)
-                        last_checkpoint = time.monotonic()
+                        self.last_checkpoint = time.monotonic()
                 phase, flops = self.schedule.phase_at(state.step)
                 out = self._step(phase, flops, batch_iters, loaders, metrics_log)
                 bad_in_row = 0 if out["finite"] else bad_in_row + 1
@@ -392,10 +397,10 @@ class Trainer:
                     metrics_log.flush()
                     self._save_positions(loaders)
                     self._reach_point(self.schedule.eval_steps[state.step])
-                    last_checkpoint = time.monotonic()
-                elif time.monotonic() - last_checkpoint > cfg.train.checkpoint_minutes * 60:
+                    self.last_checkpoint = time.monotonic()
+                elif out["checkpoint_due"]:  # one decision for every rank: each enters the save's barrier
                     self._checkpoint(f"step-{state.step:08d}", loaders)
-                    last_checkpoint = time.monotonic()
+                    self.last_checkpoint = time.monotonic()
                 if out["stop"] or state.step == cfg.train.stop_at_step:
                     metrics_log.flush()
                     bar.close()
@@ -564,8 +569,11 @@ def make_accelerator(cfg: RunConfig) -> Accelerator:
     if precision == "auto":
         precision = "bf16" if cuda else "no"
     timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.train.dist_timeout_minutes))
+    # DDP's search for unused parameters walks the autograd graph every step: only for an arm that needs it.
+    idle = any(idle_parameters(cfg.model, phase.mask_ratio) for phase in cfg.arm.phases)
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=idle)
     trackers = None if cfg.train.log_with == "none" else cfg.train.log_with
     return Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
-                       kwargs_handlers=[timeout], log_with=trackers,
+                       kwargs_handlers=[timeout, ddp], log_with=trackers,
                        project_dir=str(Path(cfg.paths.runs) / run_id(cfg)))
 
