@@ -97,6 +97,11 @@ def _format_row(row: Mapping[str, Value]) -> list[str]:
     return cells
 
 
+def as_read(row: Mapping[str, Value]) -> Row:
+    """A row as `read_rows` will give it back once written (every cell through text and its column's type)."""
+    return parse_row(dict(zip(COLUMNS, _format_row(row))))
+
+
 def append_rows(csv_path: str | os.PathLike, rows: Sequence[Mapping[str, Value]]) -> None:
     """Append rows to a leaderboard CSV, creating it with a header if missing.
 

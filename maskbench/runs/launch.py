@@ -26,7 +26,7 @@ from maskbench.files import write_folder_digests
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.presets import ModelConfig
-from maskbench.results.leaderboard import append_rows, parse_row
+from maskbench.results.leaderboard import append_rows, as_read
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha
 from maskbench.train.loop import Start, Trainer
 from maskbench.train.switch import watches_val_loss
@@ -73,8 +73,7 @@ def record_point(run: RunDir, row: dict, result: dict, leaderboard: str | Path) 
     run.record_eval(row, result)
     run.sign_record("eval.jsonl", point, run.eval_records()[-1])
     append_rows(leaderboard, [row])
-    run.sign_record("leaderboard", point, parse_row({key: "" if value is None else str(value)
-                                                     for key, value in row.items()}))
+    run.sign_record("leaderboard", point, as_read(row))
     write_folder_digests(run.point_samples(point))
     run.sign_folder(run.point_samples(point))
 
