@@ -97,3 +97,22 @@ def test_pack_refuses_an_unreadable_captions_file(tmp_path: Path, capsys: pytest
     err = refused(tmp_path, capsys, ["data", "pack", "sa1b", str(tars), "--captions", str(captions),
                                      "--out", str(tmp_path / "out"), "--no-progress"])
     assert "cannot read" in err and "Permission denied" in err
+
+
+@pytest.mark.parametrize(("content", "message"), [(b"", "no leaderboard rows"),
+                                                  (b"\xff\xfe\x00binary\xdf\x00", "is not a text CSV")])
+def test_leaderboard_of_an_empty_or_binary_file_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    board = tmp_path / "board.csv"
+    board.write_bytes(content)
+    assert message in refused(tmp_path, capsys, ["leaderboard", str(board)])
+    assert board.read_bytes() == content
+
+
+def test_eval_of_a_run_killed_while_being_created_is_one_line_and_exit_2(tmp_path, capsys):
+    """Only config.yaml exists: refused before the data is generated or a network loaded."""
+    run_dir = tmp_path / "killed"
+    run_dir.mkdir()
+    cfg = load_config(paths(tmp_path))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    assert "has no env.json" in refused(tmp_path, capsys, ["eval", str(run_dir)])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]

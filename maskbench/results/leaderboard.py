@@ -157,7 +157,14 @@ def read_rows(paths: Iterable[str | os.PathLike], on_error: str = "skip") -> lis
 
 
 def _read_file(path: Path, on_error: str) -> list[Row]:
-    """Typed rows of one CSV; see read_rows for the error policy."""
+    """Typed rows of one CSV; see read_rows for the error policy. A file that is not text is bad input."""
+    try:
+        return _read_rows_of(path, on_error)
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise ValueError(f"{path} is not a text CSV ({err})") from None
+
+
+def _read_rows_of(path: Path, on_error: str) -> list[Row]:
     rows: list[Row] = []
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)

@@ -177,7 +177,7 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
 
     With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
     or error policy, a malformed row under abort, a malformed plan, a --baseline the plan contradicts)
-    prints one line on stderr and returns 2; files without a single row return 1. The summary and the
+    prints one line on stderr and returns 2, as do files without a single row. The summary and the
     crossover map first say which plan they applied (`plan`, else PLAN.md beside the CSVs), or that there
     is none. With mlperf, the MLPerf-style scores are printed instead of the summary, and 1 is returned,
     with the run counts on stderr, when no arm has enough runs. With crossover=ARM, the crossover map of
@@ -197,9 +197,8 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         if mlperf and crossover:
             raise ValueError("--mlperf and --crossover are different reports: pick one")
         rows = read_rows(paths, on_error)
-        if not rows:
-            print(f"no leaderboard rows in {', '.join(paths)}", file=sys.stderr)
-            return 1
+        if not rows:  # empty, or not a leaderboard (read_rows said why, line by line): bad input
+            raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
         if mlperf:
             return _print_mlperf(rows, baseline or "mask0", fmt)
         found = _plan_for(paths, plan)

@@ -34,6 +34,10 @@ def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrid
     """Evaluate the given points (default: every saved one); append eval.jsonl lines and leaderboard rows."""
     run = RunDir(Path(run_dir))
     cfg = overrides or load_run_config(run.root)
+    if not run.env.is_file() or not run.saved_points():  # before any data is generated or network loaded
+        raise ConfigError(f"{run.root} has no {'env.json' if not run.env.is_file() else 'eval-point checkpoint'}: "
+                          "a run stopped before its first eval point (or while it was being created); "
+                          "train it first (rerun its `maskbench run` command)")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
     check_eval_inputs(data, cfg.eval)
