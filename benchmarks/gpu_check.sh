@@ -5,6 +5,8 @@
 #   -> maskbench eval reference (held-out pixels behind the latent val split)
 #   -> maskbench run on the latents: dit_s2, bf16, Triton gather/scatter, torch.compile, a few hundred
 #      steps, eval points with decoded samples, FID (stand-in Inception, labelled so), CLIP score, grid
+#   -> what breaks first on a GPU: a demotion arm on latents (downscale_window on the encoded 0.5 latents,
+#      sub-batches of changing size under compile), maskdit50 across its switch (a parameter idle in one phase)
 #   -> maskbench repro -> kernel bandwidth, step-time ratios and MFU (benchmarks/*.py)
 # Figures land in results/gpu_check.json (and a log per step in results/gpu_check/); GPU_CHECK_RESULTS
 # puts them elsewhere, GPU_CHECK_DIR keeps the data and run (default: a fresh temporary folder).
@@ -25,10 +27,10 @@ logs=$results/gpu_check
 mkdir -p "$logs"
 : > "$logs/steps.tsv"
 if [ "$mode" = "--cpu" ]; then  # toy sizes, no Triton or compile: checks the script, not the GPU
-  n_train=256 n_val=64 batch=8 budget=3e10 n_samples=16 val_samples=32 fast="model.kernels=torch train.compile=false"
+  n_train=256 n_val=64 batch=8 budget=3e10 small=2e10 n_samples=16 val_samples=32 fast="model.kernels=torch train.compile=false"
   model="model=dit_s2 model.depth=1 model.width=64 model.heads=2 eval.sampler_steps=4" benches=0
 else
-  n_train=8192 n_val=512 batch=128 budget=6e14 n_samples=256 val_samples=512 fast="model.kernels=triton train.compile=true"
+  n_train=8192 n_val=512 batch=128 budget=6e14 small=1.5e14 n_samples=256 val_samples=512 fast="model.kernels=triton train.compile=true"
   model="model=dit_s2" benches=1
 fi
 
@@ -53,14 +55,19 @@ step 60 synth maskbench data synth paths.data="$work/data" data.n_train=$n_train
 synth=$(ls -d "$work"/data/synth-*/ | head -1); synth=${synth%/}  # the folder, not its .lock
 for split in train val; do
   step 120 "encode_$split" maskbench data encode "$synth/$split" "$work/latent/$split" --vae "$vae" \
-    --text-model "$clip" --resolution 64 --batch-size 64 --no-progress || exit 1
+    --text-model "$clip" --resolution 64 --batch-size 64 --demote 0.5 --no-progress || exit 1
 done
 step 60 reference maskbench eval reference "$work/latent/val" --inception-weights "$inception" || exit 1
-step 300 run maskbench run arm=mask75_then0 data.name=synth-latent data.path="$work/latent" $model $fast \
-  train.batch_size=$batch budget.flops=$budget eval.points=[0.25,1.0] eval.n_samples=$n_samples eval.val_samples=$val_samples \
-  eval.inception_weights="$inception" eval.clip_model="$clip" paths.runs="$work/runs" \
-  paths.leaderboard="$work/leaderboard.csv" || exit 1
+common="data.path=$work/latent $model $fast train.batch_size=$batch eval.n_samples=$n_samples
+  eval.val_samples=$val_samples eval.inception_weights=$inception eval.clip_model=$clip"
+# Two loader workers: batches cross a process boundary (pinned on CUDA), in the data order of any worker count.
+step 300 run maskbench run arm=mask75_then0 $common data.num_workers=2 budget.flops=$budget eval.points=[0.25,1.0] \
+  paths.runs="$work/runs" paths.leaderboard="$work/leaderboard.csv" || exit 1
 run_dir=$(ls -d "$work"/runs/*/ | head -1); run_dir=${run_dir%/}
+step 200 demote maskbench run arm=downscale_window $common budget.flops=$small eval.points=[1.0] \
+  paths.runs="$work/runs_more" paths.leaderboard="$work/leaderboard_more.csv"
+step 200 maskdit maskbench run arm=maskdit50 $common budget.flops=$small eval.points=[1.0] \
+  paths.runs="$work/runs_more" paths.leaderboard="$work/leaderboard_more.csv"
 step 240 repro maskbench repro "$run_dir"
 if [ "$benches" = 1 ]; then
   step 120 kernels python benchmarks/kernels.py --out "$logs/kernels.csv"

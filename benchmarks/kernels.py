@@ -8,14 +8,19 @@ bf16, forward and backward, for three implementations:
 Bandwidth = the bytes the operation has to move at least / median time (CUDA events, L2 flushed,
 `triton.testing.do_bench`), so all three are measured against the same bytes; % of peak is against
 the device's HBM bandwidth (a table of known GPUs, else a large device-to-device copy).
-Positions are fixed (DiT's sin-cos, no gradient); the mask token is learned. Writes results/kernels.csv.
+Positions are fixed (DiT's sin-cos, no gradient); the mask token is learned. Before timing a shape, every
+implementation must agree with the torch reference, forward and backward. Writes results/kernels.csv.
 
     python benchmarks/kernels.py [--out results/kernels.csv]
+    python benchmarks/kernels.py --smoke    # toy shapes, fp32, CPU ok (Triton interpreted): checks that it runs
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -24,13 +29,22 @@ from typing import Callable
 import torch
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
-from maskbench.models.kernels import gather_tokens, scatter_tokens
+from maskbench.models.kernels import gather_tokens, scatter_tokens, triton_available
 
-D = 1152                      # DiT-XL/2 width
-BATCH = 256
-SEQ_LENS = (256, 1024)        # 256 px and 512 px images: 32² and 64² latents in 2×2 patches
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes a run times: batch, sequence lengths, width and dtype."""
+
+    batch: int
+    seq_lens: tuple[int, ...]
+    width: int
+    dtype: torch.dtype
+
+
+FULL = Shapes(256, (256, 1024), 1152, torch.bfloat16)  # DiT-XL/2 at 256 px and 512 px: 32² and 64² latents, 2×2 patches
+SMOKE = Shapes(3, (16,), 8, torch.float32)             # fp32: Triton's interpreter has no bf16
 MASK_RATIOS = (0.5, 0.75)
-DTYPE = torch.bfloat16
 INDEX_BYTES = 8               # int64 keep_idx
 
 # Peak HBM bandwidth in GB/s, matched in order against torch.cuda.get_device_name().
@@ -62,9 +76,9 @@ IMPLS: dict[str, tuple[Drop, Restore]] = {
 }
 
 
-def min_bytes(op: str, direction: str, B: int, L: int, K: int) -> int:
+def min_bytes(op: str, direction: str, case: Case) -> int:
     """The traffic no implementation can avoid: rows read and written once, positions and index once."""
-    s = DTYPE.itemsize
+    B, L, K, D, s = case.batch, case.L, case.K, case.width, case.dtype.itemsize
     kept, full, index = B * K * D * s, B * L * D * s, B * K * INDEX_BYTES
     return index + {("drop", "fwd"): 2 * kept + L * D * s,          # x rows, pos -> out rows
                     ("drop", "bwd"): kept + full,                    # grad rows -> grad_x (zeros included)
@@ -80,30 +94,44 @@ def peak_gbps() -> tuple[float, str]:
             return gbps, "spec"
     src = torch.empty(2 ** 31, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    return round(2 * src.numel() / median_ms(lambda: dst.copy_(src)) / 1e6, 1), "measured-copy"
+    return round(2 * src.numel() / median_ms(lambda: dst.copy_(src), src.device) / 1e6, 1), "measured-copy"
 
 
-def median_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds per call (CUDA events around each call, L2 flushed in between)."""
-    from triton.testing import do_bench
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+def median_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Median milliseconds per call: on a GPU, CUDA events around each call with L2 flushed in between
+    (`triton.testing.do_bench`); on the CPU (smoke runs) the wall clock of a few calls."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    seconds = []
+    for _ in range(5):
+        tick = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - tick)
+    return statistics.median(seconds) * 1e3
 
 
 @dataclass
 class Case:
-    """One shape: random activations, fixed positions, a learned mask token, sorted random keep indices."""
+    """One shape: random activations, fixed positions, a learned mask token, sorted random keep indices, and
+    the output gradients the backward passes are checked with."""
 
     L: int
     mask_ratio: float
+    shapes: Shapes
+    device: torch.device
 
     def __post_init__(self) -> None:
         self.K = round(self.L * (1 - self.mask_ratio))
-        bf16 = dict(device="cuda", dtype=DTYPE)
-        self.keep_idx = torch.rand(BATCH, self.L, device="cuda").argsort(1)[:, :self.K].sort(1).values  # B×K
-        self.x = torch.randn(BATCH, self.L, D, **bf16, requires_grad=True)                             # B×L×D
-        self.x_kept = torch.randn(BATCH, self.K, D, **bf16, requires_grad=True)                        # B×K×D
-        self.pos = torch.randn(self.L, D, **bf16)                                                      # L×D
-        self.fill = torch.randn(D, **bf16, requires_grad=True)                                         # D
+        self.batch, self.width, self.dtype = self.shapes.batch, self.shapes.width, self.shapes.dtype
+        B, L, K, D = self.batch, self.L, self.K, self.width
+        like = dict(device=self.device, dtype=self.dtype)
+        self.keep_idx = torch.rand(B, L, device=self.device).argsort(1)[:, :K].sort(1).values  # B×K
+        self.x = torch.randn(B, L, D, **like, requires_grad=True)                             # B×L×D
+        self.x_kept = torch.randn(B, K, D, **like, requires_grad=True)                        # B×K×D
+        self.pos = torch.randn(L, D, **like)                                                  # L×D
+        self.fill = torch.randn(D, **like, requires_grad=True)                                # D
+        self.grad_out = {"drop": torch.randn(B, K, D, **like), "restore": torch.randn(B, L, D, **like)}
 
     def forward(self, op: str, impl: str) -> tuple[Callable[[], torch.Tensor], tuple[torch.Tensor, ...]]:
         """The op's forward call on this case, and the inputs it differentiates."""
@@ -117,45 +145,68 @@ def time_op(case: Case, op: str, impl: str) -> dict[str, float]:
     """Forward and backward milliseconds; the backward replays a retained graph."""
     forward, wrt = case.forward(op, impl)
     out = forward()
-    backward = partial(torch.autograd.grad, out, wrt, torch.randn_like(out), retain_graph=True)
-    return {"fwd": median_ms(forward), "bwd": median_ms(backward)}
+    backward = partial(torch.autograd.grad, out, wrt, case.grad_out[op], retain_graph=True)
+    return {"fwd": median_ms(forward, case.device), "bwd": median_ms(backward, case.device)}
 
 
-def check_agrees(case: Case) -> None:
-    """Refuse to time an implementation that gives another answer than the torch reference."""
+def run_op(case: Case, op: str, impl: str) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The op's output and the gradients of its differentiable inputs for the case's output gradient."""
+    forward, wrt = case.forward(op, impl)
+    out = forward()
+    return out.detach(), torch.autograd.grad(out, wrt, case.grad_out[op])
+
+
+def check_agrees(case: Case, impls: list[str]) -> None:
+    """Refuse to time an implementation that gives another answer than the torch reference: the forward bit for
+    bit, the gradients to the dtype's rounding (grad_fill sums the batch in another order)."""
     for op in ("drop", "restore"):
-        expected = case.forward(op, "torch-expand")[0]()
-        for impl in IMPLS:
-            if not torch.equal(case.forward(op, impl)[0](), expected):
-                raise SystemExit(f"{impl} {op} disagrees with the torch reference at L={case.L} K={case.K}")
+        expected_out, expected_grads = run_op(case, op, "torch-expand")
+        for impl in impls:
+            out, grads = run_op(case, op, impl)
+            where = f"{impl} {op} disagrees with the torch reference at L={case.L} K={case.K}"
+            if not torch.equal(out, expected_out):
+                raise SystemExit(f"{where}, forward")
+            for got, want in zip(grads, expected_grads):
+                try:
+                    torch.testing.assert_close(got, want)
+                except AssertionError as err:
+                    raise SystemExit(f"{where}, backward: {str(err).splitlines()[0]}") from None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kernels.csv"))
+    parser.add_argument("--smoke", action="store_true", help="toy shapes, fp32, CPU ok: checks that the script runs")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
         print("benchmarks/kernels.py: skipped, no CUDA device (the Triton kernels are GPU kernels)")
         return
-    peak, peak_source = peak_gbps()
-    device = torch.cuda.get_device_name()
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first used, which is later
+    shapes, device = SMOKE if args.smoke else FULL, torch.device("cuda" if cuda else "cpu")
+    peak, peak_source = peak_gbps() if cuda else (None, "none: no HBM on a CPU")
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    impls = [impl for impl in IMPLS if impl != "triton" or triton_available()]
+    if "triton" not in impls:
+        print("benchmarks/kernels.py: triton is not usable here; timing the torch implementations only")
     rows = []
-    for L in SEQ_LENS:
+    for L in shapes.seq_lens:
         for mask_ratio in MASK_RATIOS:
-            case = Case(L, mask_ratio)
-            check_agrees(case)
-            for impl in IMPLS:
+            case = Case(L, mask_ratio, shapes, device)
+            check_agrees(case, impls)
+            for impl in impls:
                 for op in ("drop", "restore"):
                     for direction, ms in time_op(case, op, impl).items():
-                        gbps = min_bytes(op, direction, BATCH, L, case.K) / ms / 1e6
-                        rows.append({"device": device, "op": op, "pass": direction, "impl": impl,
-                                     "batch": BATCH, "seq_len": L, "kept": case.K, "width": D,
-                                     "mask_ratio": mask_ratio, "dtype": str(DTYPE).removeprefix("torch."),
-                                     "ms": round(ms, 4), "gb_per_s": round(gbps, 1),
-                                     "pct_peak": round(100 * gbps / peak, 1), "peak_gb_per_s": peak,
-                                     "peak_source": peak_source})
+                        gbps = min_bytes(op, direction, case) / ms / 1e6
+                        pct = round(100 * gbps / peak, 1) if peak else None
+                        rows.append({"device": name, "op": op, "pass": direction, "impl": impl,
+                                     "batch": case.batch, "seq_len": L, "kept": case.K, "width": case.width,
+                                     "mask_ratio": mask_ratio, "dtype": str(case.dtype).removeprefix("torch."),
+                                     "ms": round(ms, 4), "gb_per_s": round(gbps, 1), "pct_peak": pct,
+                                     "peak_gb_per_s": peak, "peak_source": peak_source})
                         print(f"{op:8s}{direction:4s} L={L:5d} mask={mask_ratio:.2f} {impl:13s}"
-                              f"{ms:8.3f} ms {gbps:8.0f} GB/s {100 * gbps / peak:5.1f}% of {peak:.0f}")
+                              f"{ms:8.3f} ms {gbps:8.1f} GB/s" + (f" {pct:5.1f}% of {peak:.0f}" if peak else ""))
     write_rows(args.out, rows)
     print(f"wrote {args.out} ({len(rows)} rows)")
 

@@ -12,14 +12,20 @@ default run's training consumption (batch 64 / --step-seconds): a loader slower 
 stalls it. Also times a png resume at step --batches, whose start-up seeks to the saved position
 (reading at most one shuffle block and the start of its shard, decoding one batch).
 Prints a table and writes results/loader.csv; the shards go to a temp dir unless --data keeps them.
+Then, from the latent rate of one worker, how many workers a GPU needs to keep DiT-B/2 and DiT-XL/2
+fed at 256 px (4×32×32 latents) unmasked and at 75% masking: the samples/s a GPU consumes at an
+assumed MFU (--mfu) of its bf16 peak (--gpu, the table in maskbench/train/mfu.py), over the analytic
+training FLOPs of a sample; written to results/loader_workers.csv.
 
     python benchmarks/loader.py [--data DIR] [--batches 100] [--max-seconds 8] [--step-seconds 0.156]
+    python benchmarks/loader.py --smoke      # toy sizes, seconds: checks that the script runs
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import math
 import json
 import os
 import tarfile
@@ -47,8 +53,13 @@ from maskbench.data.shards import (
     shard_urls,
 )
 from maskbench.data.synth import caption, render, sample_scene, write_synth
+from maskbench.models.presets import PRESETS
+from maskbench.train.flops import train_step_flops
+from maskbench.train.mfu import table_peak
 
-FIELDS = ("format", "reader", "num_workers", "batch_size", "first_batch_s", "samples", "seconds", "samples_per_s", "vs_trainer")
+FIELDS = ("format", "reader", "num_workers", "batch_size", "first_batch_s", "samples", "seconds", "samples_per_s",
+          "samples_per_s_per_worker", "vs_trainer")
+GPU_MODELS, GPU_MASKS = ("dit_b2", "dit_xl2"), (0.0, 0.75)
 TRAIN_BATCH = 64  # the default run's global batch, consumed once per --step-seconds
 SHARD_SIZE = 500
 JPEG_SIZE, JPEG_QUALITY = 256, 90
@@ -178,6 +189,7 @@ def row(fmt: str, reader: str, num_workers: int | str, batch_size: int | str, fi
     return dict(format=fmt, reader=reader, num_workers=num_workers, batch_size=batch_size,
                 first_batch_s=first_batch_s if isinstance(first_batch_s, str) else round(first_batch_s, 3),
                 samples=samples, seconds=round(seconds, 3), samples_per_s=round(rate),
+                samples_per_s_per_worker=round(rate / num_workers) if isinstance(num_workers, int) and num_workers else "-",
                 vs_trainer=round(rate / trainer_rate, 2))
 
 
@@ -205,6 +217,21 @@ def measure(args: argparse.Namespace, data: Path, trainer_rate: float) -> list[d
     return rows
 
 
+def workers_per_gpu(per_worker_rate: float, gpu: str, mfu: float) -> list[dict]:
+    """Loader workers one GPU needs for each (model, mask ratio) at 256 px latents (TEXT_SHAPE context)."""
+    peak = table_peak(gpu, "bf16")
+    rows = []
+    for name in GPU_MODELS:
+        for ratio in GPU_MASKS:
+            flops = train_step_flops(PRESETS[name](), LATENT_SHAPE[-1], LATENT_SHAPE[0], TEXT_SHAPE[1], TEXT_SHAPE[0],
+                                     batch=1, mask_ratio=ratio, text_encoder=False)
+            demand = peak * mfu / flops                                                # samples/s one GPU trains on
+            rows.append(dict(model=name, mask_ratio=ratio, gpu=gpu, mfu=mfu, train_gflop_per_sample=round(flops / 1e9, 2),
+                             gpu_samples_per_s=round(demand), loader_samples_per_s_per_worker=round(per_worker_rate),
+                             workers_needed=math.ceil(demand / per_worker_rate)))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=None, help="keep (and reuse) the shards here; default a temp dir")
@@ -213,12 +240,18 @@ def main() -> None:
     parser.add_argument("--n-latent", type=int, default=2_000)
     parser.add_argument("--batches", type=int, default=100, help="batches per loader run, at most")
     parser.add_argument("--max-seconds", type=float, default=8.0, help="per loader run, after its first batch")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--gpu", default="H100", help="a name in maskbench/train/mfu.py's peak table")
+    parser.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation of the GPU")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes: a few batches of each format")
     parser.add_argument("--step-seconds", type=float, default=0.156,
                         help="step time of the default run (batch 64); 0.156 is the masked tiny step on 2 CPU cores")
     parser.add_argument("--out", type=Path, default=Path("results/loader.csv"))
     args = parser.parse_args()
+    if args.smoke:
+        args.n_png, args.n_jpeg, args.n_latent, args.batches, args.max_seconds, args.batch_size = 64, 16, 64, 2, 0.5, 8
+        args.workers = [0, 1]
     if args.step_seconds <= 0 or args.max_seconds <= 0 or args.batches < 2:
         parser.error("--step-seconds and --max-seconds must be positive and --batches at least 2")
 
@@ -234,6 +267,16 @@ def main() -> None:
     write_rows(args.out, rows, FIELDS)
     for r in rows:
         print("  ".join(f"{k}={r[k]}" for k in FIELDS))
+    in_workers = [r for r in rows if r["format"] == "latent" and r["reader"] == "make_loader" and r["num_workers"]]
+    if in_workers:  # the fewest workers: the per-worker rate before they compete for this machine's cores
+        needs = workers_per_gpu(min(in_workers, key=lambda r: r["num_workers"])["samples_per_s_per_worker"],
+                                args.gpu, args.mfu)
+        needs_out = args.out.with_name(args.out.stem + "_workers.csv")
+        write_rows(needs_out, needs)
+        for r in needs:
+            print(f"{r['model']} mask {r['mask_ratio']:g} on {r['gpu']} at MFU {r['mfu']:g}: {r['gpu_samples_per_s']} "
+                  f"samples/s -> {r['workers_needed']} workers of {r['loader_samples_per_s_per_worker']} latent samples/s")
+        print(f"wrote {needs_out}")
     print(f"wrote {args.out}")
 
 

@@ -8,6 +8,7 @@ CPU reference point: 32×32×4 latents, patch 2, width 256, depth 8, mixer depth
 
     python benchmarks/step_time.py [--models tiny dit_s2 cpu_mfu] [--device cpu|cuda] [--steps 10]
                                    [--warmup 2] [--batch N] [--threads N]
+    python benchmarks/step_time.py --smoke      # one step of tiny at batch 2: checks that the script runs
 """
 
 from __future__ import annotations
@@ -115,8 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--batch", type=int, default=None, help="batch for every model (default: per model)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--smoke", action="store_true", help="tiny, batch 2, one step per mask ratio")
     parser.add_argument("--out", type=Path, default=Path("results/step_time.csv"))
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.models, args.batch, args.steps, args.warmup = ["tiny"], 2, 1, 0
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from maskbench.config import UserError, arm_settings, format_arm, known_arms, load_config, shipped_arm
+from maskbench.weights import add_weights
 
 EXAMPLES = """examples:
   maskbench run arm=mask75_then0                 train one arm on the embedded default
@@ -49,7 +50,18 @@ def train_one(cfg) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return train_one(load_config(args.overrides))
+    cfg = load_config(args.overrides)
+    return print_plan(cfg) if args.dry_run else train_one(cfg)
+
+
+def print_plan(cfg) -> int:
+    """--dry-run: check what the run needs and print its plan; bad input raises UserError (exit 2)."""
+    import os
+
+    from maskbench.runs.launch import dry_run
+
+    print("\n".join(dry_run(cfg, n_processes=int(os.environ.get("WORLD_SIZE", "1")))))
+    return 0
 
 
 def sweep_cells(runs, extra_csvs: list[str]):
@@ -58,7 +70,11 @@ def sweep_cells(runs, extra_csvs: list[str]):
     from maskbench.train.sweep import cell_states, csv_paths
 
     paths = csv_paths(runs, extra_csvs)
-    return cell_states(runs, read_rows(paths, on_error="skip")), paths
+    try:
+        rows = read_rows(paths, on_error="skip")
+    except ValueError as err:  # a file that is not a leaderboard CSV: bad input (malformed rows are skipped)
+        raise UserError(str(err)) from None
+    return cell_states(runs, rows), paths
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -76,6 +92,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(format_status(cells, csvs))
         return 0
     done = sum(cell.status == "done" for cell in cells)
+    if args.dry_run:
+        for i, cell in enumerate(cells, 1):
+            print(f"[{i}/{len(cells)}] {cell.command}" + (" (done: skipped)" if cell.status == "done" else ""))
+            print_plan(cell.cfg)
+        return 0
     if args.emit:
         todo = [(cell.overrides, cell.cfg) for cell in cells if cell.status != "done"]
         if done:
@@ -100,11 +121,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_arms(args: argparse.Namespace) -> int:
+    width = max(map(len, known_arms()))
     for name in known_arms():
         arm = shipped_arm(name)
-        print(f"{name:18s} {format_arm(arm):20s} {arm.description}")
+        print(f"{name:{width}s} {format_arm(arm):20s} {arm.description}")
         if settings := arm_settings(name):
-            print(f"{'':18s} {'':20s} sets {' '.join(settings)}")
+            print(f"{'':{width}s} {'':20s} sets {' '.join(settings)}")
     return 0
 
 
@@ -188,6 +210,12 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     paths = args.csvs or [p for p in ("results/leaderboard.csv", "results/reference.csv") if Path(p).is_file()]
     if not paths:
         return fail("no CSV given and no results/leaderboard.csv here; run `maskbench run` first")
+    if args.html:
+        if args.plot or args.mlperf or args.crossover:
+            return fail("--html writes study pages instead of a report: leave out --plot, --mlperf and --crossover")
+        from maskbench.results.html import html_main
+
+        return html_main(paths, args.html, args.runs, args.plan, args.baseline, args.on_error)
     return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error, args.mlperf,
                             args.crossover, args.plan)
 
@@ -227,6 +255,9 @@ def add_run(run: argparse.ArgumentParser) -> None:
                        "interrupted run; a finished run is not retrained.")
     run.epilog = EXAMPLES
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. arm=mask75 seed=1")
+    run.add_argument("--dry-run", action="store_true",
+                     help="check the data, weights, shapes and budget and print the plan (phases, eval steps, "
+                          "FLOPs, estimated time); train and write nothing")
     run.set_defaults(func=cmd_run)
 
 
@@ -269,6 +300,8 @@ def add_sweep(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--csv", action="append", default=[], metavar="CSV",
                        help="also count rows of this leaderboard CSV (another machine's) as done; repeatable")
     sweep.add_argument("--list-studies", action="store_true", help="list the shipped studies and their grids")
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="check every cell as `run --dry-run` does and print its plan; train and write nothing")
     sweep.set_defaults(func=cmd_sweep)
 
 
@@ -334,6 +367,11 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
                             "curves (single-phase arms: an eval point of a two-phase arm is not a shorter run)")
     board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
                        help="a malformed row: report FILE:LINE and skip it, or abort")
+    board.add_argument("--html", metavar="DIR",
+                       help="instead of printing, write one self-contained page per study (the CSVs of one "
+                            "folder) to DIR/<study>/report.html: the verdict tables, curves, and each arm's final "
+                            "sample grid")
+    board.add_argument("--runs", metavar="DIR", help="run directories, for --html's grids (default: paths.runs)")
     board.set_defaults(func=cmd_leaderboard)
 
 
@@ -403,6 +441,8 @@ COMMANDS = {  # name -> (one-line help, the function that adds its arguments and
               "noise level?)", add_probe),
     "bench": ("device figures: `maskbench bench peak` measures the GEMM peak (MFU's denominator on devices "
               "without a table entry)", add_bench),
+    "weights": ("list the weight files the metrics and the encoder load; `weights check DIR` verifies a folder",
+                add_weights),
 }
 
 

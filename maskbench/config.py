@@ -7,6 +7,7 @@ Model presets are the one-line functions in `maskbench.models.dit`, registered a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -25,7 +26,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 import yaml
 
+from maskbench.errors import ConfigError, UserError
+from maskbench.manifest import read_manifest
 from maskbench.models.presets import LEARNED_SKIP_SCALES, PRESETS, ModelConfig, check_model
+from maskbench.weights import REGISTRY, WeightFile, weights_folder
 
 CONF_DIR = Path(__file__).parent / "conf"
 CONFIG_GROUPS = ("model", "data", "eval")  # Hydra groups a `key=option` override picks (arm is read apart)
@@ -39,15 +43,6 @@ Tracker = StrEnum("Tracker", "none tensorboard wandb")        # experiment track
 Trainable = StrEnum("Trainable", "all skips")                 # what a phase trains: skips = the long-skip layers only
 InitWeights = StrEnum("InitWeights", "ema raw")               # which weights of an init_from source a run starts from
 DemoteGate = StrEnum("DemoteGate", "sample batch")            # which samples a demotion route takes (TrainConfig)
-
-
-class UserError(Exception):
-    """Bad input from the user (a config, a path, a missing file): `maskbench` prints its first line and
-    exits with code 2. Everything else that goes wrong is a bug or a failure, and shows its traceback."""
-
-
-class ConfigError(UserError, ValueError):
-    """A bad configuration value or combination (a ValueError too, for callers that validate values)."""
 
 
 @dataclass
@@ -69,6 +64,8 @@ class Phase:
     fraction: float = 1.0    # fraction of the FLOPs budget this phase spends (its cap, with `until`)
     trainable: Trainable = Trainable.all  # skips: every parameter but the long-skip layers' is frozen
     until: Optional[Until] = None         # end the phase when a rule fires; the rest of its budget moves on
+    lr: Optional[list[float]] = None      # [start, end] × train.lr, cosine over the phase (start = end: constant);
+                                          # None = the run's schedule. An author's own schedule (`*_authors` arms)
 
 
 @dataclass
@@ -86,7 +83,7 @@ class MixSource:
 
 @dataclass
 class DataConfig:
-    name: str = "synth"
+    name: str = "synth"            # with data.path: the source its shards' manifest records (`load_config`)
     path: Optional[str] = None     # directory holding train/ and val/ shard dirs; None = generated under paths.data
     image_size: int = 32           # pixels (synth) or latent size (latent shards; read from the manifest)
     channels: int = 3
@@ -95,7 +92,7 @@ class DataConfig:
     n_train: int = 50_000          # synth only
     n_val: int = 2_000             # synth only
     seed: int = 0                  # synth generation seed (not the run seed)
-    num_workers: int = 0
+    num_workers: Optional[int] = None  # loader workers per stream; None = sized from the CPUs (data order never depends on it)
     shuffle_buffer: int = 1_000
     max_bad_fraction: float = 0.05
     mix: list[MixSource] = field(default_factory=list)  # data=mix: sources sampled by weight
@@ -170,6 +167,10 @@ class TrainConfig:
     demote_gate: DemoteGate = DemoteGate.sample  # sample: each sample by its own t; batch: all of a micro-batch or none
     skip_step_grad_norm: Optional[float] = None  # Skip-DiT's guard: no optimizer step when the global grad norm
                                                  # (before clipping) is non-finite or above this; counted
+    repa_weight: float = 0.0       # REPA (sihyun-yu/REPA): λ on its alignment loss, 0 = off (its default 0.5)
+    repa_depth: Optional[int] = None  # the aligned block from 1 (mixer, backbone, decoder); None: scaled from 8 of 28
+    repa_encoder: Optional[str] = None  # "synth" (the shipped repa-synth-v1) or a timm DINOv2-B weights file;
+                                        # None: synth on synth data, else paths.weights' DINOv2-B (train/repa.py)
 
 
 @dataclass
@@ -177,6 +178,7 @@ class PathsConfig:
     runs: str = "runs"
     data: str = "data"
     leaderboard: str = "results/leaderboard.csv"
+    weights: Optional[str] = None  # folder laid out as `maskbench weights` lists; None: $MASKBENCH_WEIGHTS, if set
 
 
 @dataclass
@@ -201,10 +203,12 @@ _HASHED_WHEN_SET = {
     "model.long_skip", "model.skip_scale", "model.skip_kappa", "model.decoder_depth",
     "train.mae_weight", "train.downscale_window", "train.downscale_factor", "train.demote_routes",
     "train.demote_gate", "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
-    "eval.final_n_samples", "eval.bootstrap_resamples",
+    "eval.final_n_samples", "eval.bootstrap_resamples", "model.sparse_fusion", "model.path_drop",
+    "train.repa_weight", "train.repa_depth", "train.repa_encoder",
+    "model.route_ratio", "model.route_start", "model.route_end",
 }
 # The same for the fields of each phase (a list element, so not a dotted name above).
-_PHASE_HASHED_WHEN_SET = {"trainable", "until"}
+_PHASE_HASHED_WHEN_SET = {"trainable", "until", "lr"}
 
 # Fields that cannot change what a run learns or measures; everything else names the run.
 _NOT_RESULT_FIELDS = {
@@ -295,7 +299,56 @@ def load_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(_one_line(err)) from None
     validate(cfg)
+    _label_data(cfg.data, named=any(o.partition("=")[0].lstrip("+") in ("data", "data.name") for o in overrides))
+    _fill_weights(cfg)
     return cfg
+
+
+def _label_data(data: DataConfig, named: bool) -> None:
+    """Data on data.path takes the name its shards' manifest records, so the run id and the rows say what
+    was trained on; `named`: the command line named the data (data=NAME, data.name=NAME), and a name that
+    contradicts the manifest is refused. A manifest written before sources were recorded keeps a given
+    name, or else takes the folder's name, and says so in one printed line."""
+    if data.path is None or data.mix:
+        return
+    root = Path(data.path)
+    source = read_manifest(root / "train").get("source")
+    if source is None:
+        if not named:
+            print(f"maskbench: {root / 'train' / 'manifest.json'} records no source: labelling the data "
+                  f"{root.resolve().name!r} after its folder (data.name=NAME names it)")
+            data.name = root.resolve().name
+        return
+    if named and data.name != source:
+        raise ConfigError(f"data.name={data.name} contradicts the shards at {root}, whose manifest records the source "
+                          f"{source!r}: drop data=/data.name= (the manifest names the data) or pass data.name={source}")
+    data.name = source
+
+
+def fill_eval_weights(cfg: EvalConfig, folder: Path, registry: tuple[WeightFile, ...] = REGISTRY) -> EvalConfig:
+    """`cfg` with each unset eval.*_weights option pointing at its registry file in `folder`.
+
+    A needed file is pointed at even when absent, so the loader's refusal names the path it expected; an
+    optional one (FD-DINOv2) only when present, since setting it turns its metric on. A file fills its
+    option only for the architecture it holds weights of (CLIP weights are ViT-H-14's).
+    """
+    filled = {}
+    for entry in registry:
+        path = folder / entry.file
+        if entry.fills is None or getattr(cfg, entry.fills) is not None:
+            continue
+        if entry.arch is not None and getattr(cfg, entry.arch[0]) != entry.arch[1]:
+            continue
+        if entry.needed or path.is_file():
+            filled[entry.fills] = str(path)
+    return dataclasses.replace(cfg, **filled)
+
+
+def _fill_weights(cfg: RunConfig) -> None:
+    """eval.*_weights left unset take their file from the weights folder (paths.weights or $MASKBENCH_WEIGHTS)."""
+    cfg.paths.weights = weights_folder(cfg.paths.weights)
+    if cfg.paths.weights is not None:
+        cfg.eval = fill_eval_weights(cfg.eval, Path(cfg.paths.weights))
 
 
 def _merge_arm_file(composed: DictConfig, arm_file: Path, overrides: list[str]) -> DictConfig:
@@ -303,7 +356,7 @@ def _merge_arm_file(composed: DictConfig, arm_file: Path, overrides: list[str]) 
     package, an `arm:` section plus model/train options. Command-line overrides still win over the file."""
     try:
         loaded = OmegaConf.load(arm_file)
-    except yaml.YAMLError as err:
+    except (UnicodeDecodeError, yaml.YAMLError) as err:  # binary, or not YAML
         raise ConfigError(f"arm file {arm_file} is not valid YAML: {_one_line(err)}") from None
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"arm file {arm_file} must be a mapping with `phases` (or an `arm:` section)")
@@ -327,7 +380,13 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
     try:
-        cfg: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))
+        recorded = OmegaConf.load(path)
+    except (UnicodeDecodeError, yaml.YAMLError) as err:  # a binary or truncated file: not what a run writes
+        raise ConfigError(f"{path} is not a run's config (not YAML text: {_one_line(err)})") from None
+    if not isinstance(recorded, DictConfig) or not recorded:  # empty, or a list: defaults would stand in for it
+        raise ConfigError(f"{path} is not a run's config (not a mapping of its settings)")
+    try:
+        cfg: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), recorded))
     except OmegaConfBaseException as err:
         raise ConfigError(f"{path}: {_one_line(err)}") from None
     return cfg
@@ -344,6 +403,7 @@ def with_eval_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     except OmegaConfBaseException as err:
         raise ConfigError(_one_line(err)) from None
     validate(cfg)
+    _fill_weights(cfg)
     return cfg
 
 
@@ -398,7 +458,8 @@ def _validate_ranges(cfg: RunConfig) -> None:
                 "train.max_bad_steps": (train.max_bad_steps, 1), "eval.sampler_steps": (ev.sampler_steps, 1),
                 "eval.n_samples": (ev.n_samples, 2), "eval.val_samples": (ev.val_samples, 1),
                 "eval.batch_size": (ev.batch_size, 1), "eval.grid_size": (ev.grid_size, 1),
-                "data.num_workers": (cfg.data.num_workers, 0), "data.shuffle_buffer": (cfg.data.shuffle_buffer, 1)}
+                "data.shuffle_buffer": (cfg.data.shuffle_buffer, 1),
+                **({"data.num_workers": (cfg.data.num_workers, 0)} if cfg.data.num_workers is not None else {})}
     for name, (value, low) in at_least.items():
         if value < low:
             why = " (a Fréchet distance needs two samples)" if name == "eval.n_samples" else ""
@@ -431,6 +492,13 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
                 or cfg.model.skip_scale in LEARNED_SKIP_SCALES):
             raise ConfigError(f"arm {name!r}: a `trainable: skips` phase is counted for the plain long-skip DiT "
                               "(no downscale window, mixer or decoder blocks, learned skip gates)")
+    if phase.lr is not None:
+        if len(phase.lr) != 2 or not all(v > 0 for v in phase.lr):
+            raise ConfigError(f"arm {name!r}: a phase's lr is [start, end], two multipliers of train.lr > 0, "
+                              f"got {list(phase.lr)}")
+        if cfg.train.schedule != LRSchedule.constant:
+            raise ConfigError(f"arm {name!r}: its phases carry their own learning rates, which replace the run's "
+                              f"schedule: set train.schedule=constant (not {cfg.train.schedule}; no cooled horizons)")
     until = phase.until
     if until is None:
         return
@@ -460,6 +528,22 @@ def _validate_techniques(cfg: RunConfig) -> None:
     if model.structured_mask and any(p.mask_ratio not in (0.0, 0.75) for p in cfg.arm.phases):
         raise ConfigError("model.structured_mask keeps one token per 2x2 group: every phase needs mask 0 or 0.75")
     _validate_demotion(cfg)
+    _validate_repa(cfg)
+
+
+def _validate_repa(cfg: RunConfig) -> None:
+    """REPA's options (the encoder's data, latent or not, is checked where the data is known: train/repa.py)."""
+    train, blocks = cfg.train, cfg.model.mixer_depth + cfg.model.depth + cfg.model.decoder_depth
+    if train.repa_weight < 0:
+        raise ConfigError(f"train.repa_weight must be >= 0 (0 = off), got {train.repa_weight:g}")
+    if not train.repa_weight and (train.repa_depth is not None or train.repa_encoder is not None):
+        raise ConfigError("train.repa_depth and train.repa_encoder do nothing without train.repa_weight > 0")
+    if train.repa_depth is not None and not 1 <= train.repa_depth <= blocks:
+        raise ConfigError(f"train.repa_depth={train.repa_depth} must be a block from 1 to {blocks} "
+                          "(mixer, backbone and decoder blocks, in the order they run)")
+    if train.repa_weight and (demote_routes(train) or any(p.trainable == Trainable.skips for p in cfg.arm.phases)):
+        raise ConfigError("train.repa_weight aligns native-resolution tokens of a fully trained model: it cannot run "
+                          "with train.demote_routes / downscale_window or a `trainable: skips` phase")
 
 
 def demote_routes(train: TrainConfig) -> list[DemoteRoute]:
@@ -497,9 +581,9 @@ def _validate_demotion(cfg: RunConfig) -> None:
     routes = demote_routes(train)
     if not routes and train.demote_gate != TrainConfig.demote_gate:
         raise ConfigError(f"train.demote_gate={train.demote_gate} does nothing without train.demote_routes")
-    if routes and any(p.mask_ratio > 0 for p in cfg.arm.phases):
-        raise ConfigError("downscaled steps and token dropping are separate arms: "
-                          "train.demote_routes / downscale_window need every phase at mask 0")
+    if routes and (any(p.mask_ratio > 0 for p in cfg.arm.phases) or cfg.model.route_ratio > 0):
+        raise ConfigError("downscaled steps and token dropping or routing are separate arms: "
+                          "train.demote_routes / downscale_window need every phase at mask 0 and model.route_ratio=0")
     if routes and cfg.model.skip_scale in LEARNED_SKIP_SCALES:
         raise ConfigError(f"model.skip_scale={cfg.model.skip_scale}'s gate is defined on the native token grid: "
                           "it cannot run the demoted steps of train.demote_routes / downscale_window")
@@ -525,9 +609,10 @@ def _lookup(tree: dict, dotted: str) -> object:
     return tree
 
 
-# How a step's random draws are keyed (`maskbench.train.schedule.step_generator`). Hashed into every run
-# id: runs trained under an older scheme drew differently, so a new run must not resume one of them.
-DRAW_SCHEME = "crn-v1"
+# How a step's random draws are keyed (`maskbench.train.schedule.step_generator`) and its data read (v2: every
+# loader interleaves `LOADER_STREAMS` streams, whatever its worker count). Hashed into every run id: runs
+# trained under an older scheme drew differently, so a new run must not resume one of them.
+DRAW_SCHEME = "crn-v2"
 
 
 def config_hash(cfg: RunConfig) -> str:

@@ -63,6 +63,26 @@ def test_decoder_predicts_every_token_and_the_mae_term_reads_only_dropped_ones()
     torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, keep, mae_weight=0.1), velocity + 0.1 * mae)
 
 
+def test_maskdit_refills_dropped_slots_and_adds_positions_to_every_decoder_token() -> None:
+    """MaskDiT's decoder input (models/maskdit.py 539-545): the kept tokens in place, the learned mask token in the
+    dropped slots, then `decoder_pos_embed` added to every token; and the drop comes right after the patch
+    embedding (475-483), so maskdit50 runs no mixer even on micro_s."""
+    model = randomized(_model(depth=2, decoder_depth=1), std=0.1)
+    seen = {}
+    model.blocks[-1].register_forward_hook(lambda module, args, out: seen.update(deep=out))
+    model.decoder[0].register_forward_pre_hook(lambda module, args: seen.update(decoder_in=args[0]))
+    x0, noise, t, ids, mask = _inputs(model)
+    keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
+    model(interpolate(x0, noise, t), t, ids, mask, keep)
+    expected = model.mask_token.expand(B, model.seq_len, -1).clone()
+    for b in range(B):
+        expected[b, keep[b]] = seen["deep"][b]
+    torch.testing.assert_close(seen["decoder_in"], expected + model.pos_embed)
+    model(interpolate(x0, noise, t), t, ids, mask)  # unmasked: MaskDiT adds the decoder positions all the same
+    torch.testing.assert_close(seen["decoder_in"], seen["deep"] + model.pos_embed)
+    assert load_config(["arm=maskdit50"]).model.mixer_depth == 0 < load_config(["arm=mask0"]).model.mixer_depth
+
+
 def test_mae_target_normalises_each_patch() -> None:
     target = mae_target(torch.randn(2, 5, 48) * 3 + 7)
     torch.testing.assert_close(target.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
@@ -203,7 +223,7 @@ def test_arms_lists_the_options_each_arm_sets(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     lsc = next(i for i, line in enumerate(lines) if line.startswith("lsc_scalelong "))
     assert lines[lsc + 1].split() == ["sets", "model.long_skip=concat", "model.skip_scale=kappa",
-                                      "model.skip_kappa=0.5"]
+                                      "model.skip_kappa=0.5", "model.skip_init=uvit"]
 
 
 def test_a_user_arm_file_may_set_model_options_and_the_command_line_still_wins(tmp_path) -> None:
@@ -229,9 +249,17 @@ _SET_TO = {
     "train.demote_routes": ("[{ratio: 0.75, t: [0.6, 1.0]}]", []),
     "train.demote_gate": ("batch", ["train.demote_routes=[{ratio: 0.75, t: [0.6, 1.0]}]"]),
     "model.skip_init": ("identity", ["model.long_skip=concat"]),
+    "model.sparse_fusion": ("true", ["model.mixer_depth=1", "model.decoder_depth=1"]),
+    "model.path_drop": ("0.1", ["model.mixer_depth=1", "model.decoder_depth=1", "model.sparse_fusion=true"]),
     "train.skip_step_grad_norm": ("0.02", []),
+    "model.route_ratio": ("0.5", []),
+    "model.route_start": ("0", ["model.route_ratio=0.5"]),
+    "model.route_end": ("1", ["model.route_ratio=0.5"]),
     "eval.final_n_samples": ("512", []),
     "eval.bootstrap_resamples": ("50", []),
+    "train.repa_weight": ("0.5", []),
+    "train.repa_depth": ("1", ["train.repa_weight=0.5"]),
+    "train.repa_encoder": ("synth", ["train.repa_weight=0.5"]),
 }
 # init_from / init_weights need a trained source run: tests/test_convert.py checks they name a new run.
 _NEED_A_SOURCE = {"init_from", "init_weights"}
@@ -245,10 +273,10 @@ def _mask0_name(*overrides: str) -> str:
 def test_new_options_left_at_their_defaults_keep_existing_run_names() -> None:
     """Runs trained before these options existed resume under the same directory name; setting one names a new run."""
     # Pinned on purpose: only a name from before a change sees the change (a new field that enters the hash,
-    # or a changed hash recipe). It last changed with the draw scheme (config.DRAW_SCHEME, common random
-    # numbers) and the cooled-horizon schedule: runs trained before them drew and decayed differently, so
-    # they must not resume under the new code (the committed CSVs keep their old run ids).
-    assert _mask0_name() == "mask0-synth-tiny-s0-f6f38570"
+    # or a changed hash recipe). It last changed with the draw scheme (config.DRAW_SCHEME crn-v2: the loader
+    # interleaves 8 streams whatever its worker count): runs trained before it read their batches in another
+    # order, so they must not resume under the new code (the committed CSVs keep their old run ids).
+    assert _mask0_name() == "mask0-synth-tiny-s0-a6f8a9a5"
     assert set(_SET_TO) | _NEED_A_SOURCE == _HASHED_WHEN_SET
     for option, (value, needs) in _SET_TO.items():
         assert _mask0_name(*needs, f"{option}={value}") != _mask0_name(*needs), option

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -99,20 +100,125 @@ def test_pack_refuses_an_unreadable_captions_file(tmp_path: Path, capsys: pytest
     assert "cannot read" in err and "Permission denied" in err
 
 
-@pytest.mark.parametrize(("content", "message"), [(b"", "no leaderboard rows"),
-                                                  (b"\xff\xfe\x00binary\xdf\x00", "is not a text CSV")])
-def test_leaderboard_of_an_empty_or_binary_file_is_one_line_and_exit_2(tmp_path, capsys, content, message):
-    board = tmp_path / "board.csv"
-    board.write_bytes(content)
-    assert message in refused(tmp_path, capsys, ["leaderboard", str(board)])
-    assert board.read_bytes() == content
+# ------------------------------------------------------------------------ every command, bad input files
+BINARY = b"\xff\xfe\x00binary\xdf\x00\x89PNG"
+CSV_TEXT = b"run_id,arm,seed\nmask0-synth-tiny-s0-1234abcd,mask0,0\n"  # text, but no config, manifest, arm or tar
+KINDS = {"not_its_input": CSV_TEXT, "empty": b"", "binary": BINARY}  # and "incomplete", each command's own
 
 
-def test_eval_of_a_run_killed_while_being_created_is_one_line_and_exit_2(tmp_path, capsys):
-    """Only config.yaml exists: refused before the data is generated or a network loaded."""
-    run_dir = tmp_path / "killed"
-    run_dir.mkdir()
-    cfg = load_config(paths(tmp_path))
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    assert "has no env.json" in refused(tmp_path, capsys, ["eval", str(run_dir)])
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]
+def write(path: Path, content: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def run_dir_case(command: list[str], incomplete: str):
+    """A run directory holding only its config.yaml: a real one (a run killed while being created), or a
+    file that is not a config."""
+    def case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+        config = yaml.safe_dump(to_dict(load_config(paths(tmp_path)))).encode() if kind == "incomplete" else KINDS[kind]
+        run = write(tmp_path / "run" / "config.yaml", config).parent
+        return [*command, str(run)], incomplete if kind == "incomplete" else "config.yaml"
+    return case
+
+
+def leaderboard_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    from maskbench.results.leaderboard import COLUMNS
+    content = {"incomplete": ",".join(COLUMNS).encode() + b"\n", "not_its_input": b"arm: mask0\nseed: 0\n"}
+    board = write(tmp_path / "board.csv", content.get(kind, KINDS.get(kind)))
+    return ["leaderboard", str(board)], {"incomplete": "no leaderboard rows", "not_its_input": "not a leaderboard CSV",
+                                         "empty": "no leaderboard rows", "binary": "not a text CSV"}[kind]
+
+
+def sweep_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    study = write(tmp_path / "study.yaml", b"description: no grid yet\n" if kind == "incomplete" else KINDS[kind])
+    return ["sweep", f"study={study}", *paths(tmp_path), "--dry-run"], \
+        "is not valid YAML" if kind == "binary" else "needs `grid:`"
+
+
+def synth_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    argv = ["data", "synth", *paths(tmp_path), "data.n_train=8", "data.n_val=8"]
+    if kind == "not_its_input":  # a file where the datasets' folder goes
+        return [*argv, f"paths.data={write(tmp_path / 'datasets', CSV_TEXT)}"], "is not a folder"
+    arm = write(tmp_path / "arm.yaml", b"name: half\n" if kind == "incomplete" else KINDS[kind])
+    return [*argv, f"arm={arm}"], "is not valid YAML" if kind == "binary" else "has no `phases` list"
+
+
+def pack_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    if kind == "incomplete":  # a download that has not started: no archive yet
+        write(tmp_path / "raw" / "README.txt", b"BrushData shards go here\n")
+    else:
+        write(tmp_path / "raw" / "00000.tar", KINDS[kind])
+    return (["data", "pack", "brushdata", str(tmp_path / "raw"), "--out", str(tmp_path / "canon"), "--no-progress"],
+            "no *.tar inputs" if kind == "incomplete" else "opens as a tar archive")
+
+
+def shards_dir(tmp_path: Path, kind: str) -> Path:
+    """Shards whose manifest.json is missing (a pack killed before its last step) or is not a manifest."""
+    write(tmp_path / "shards" / "shard-000000.tar", b"")
+    if kind != "incomplete":
+        write(tmp_path / "shards" / "manifest.json", KINDS[kind])
+    return tmp_path / "shards"
+
+
+def verify_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    return (["data", "verify", str(shards_dir(tmp_path, kind))],
+            "no shard manifest" if kind == "incomplete" else "is not a maskbench-shards-v1 manifest")
+
+
+def encode_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    from maskbench.data.shards import build_manifest
+    argv = ["--vae", str(tmp_path / "vae"), "--text-weights", str(tmp_path / "clip.bin"), "--no-progress"]
+    if kind == "not_its_input":  # latent shards: encoded already
+        latent = write(tmp_path / "latent" / "manifest.json", json.dumps(build_manifest(
+            {"source": "sa1b", "packer_version": 1, "filters": {}, "latent": {"size": 32}}, [], {})).encode()).parent
+        return ["data", "encode", str(latent), str(tmp_path / "out"), *argv], "holds latent shards already"
+    return (["data", "encode", str(shards_dir(tmp_path, kind)), str(tmp_path / "out"), *argv],
+            "no shard manifest" if kind == "incomplete" else "is not a maskbench-shards-v1 manifest")
+
+
+def bench_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    write(tmp_path / "cache" / "gemm_peak.json", b"[1, 2]" if kind == "not_its_input" else KINDS[kind])
+    return ["bench", "peak", "--device", "cpu"], "is not a GEMM peak cache"
+
+
+def weights_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    return ["weights", "check", str(write(tmp_path / "weights", KINDS[kind]))], "is not a folder"
+
+
+ALL = ("incomplete", *KINDS)
+COMMANDS = {  # command: (the kinds of bad input it reads, the case builder)
+    "eval": (ALL, run_dir_case(["eval"], "has no env.json")),
+    "repro": (ALL, run_dir_case(["repro"], "has no eval-point checkpoint")),
+    "probe": (ALL, run_dir_case(["probe", "gradfid"], "has no checkpoint yet")),
+    "leaderboard": (ALL, leaderboard_case),
+    "sweep": (ALL, sweep_case),
+    "data synth": (ALL, synth_case),
+    "data pack": (ALL, pack_case),
+    "data verify": (ALL, verify_case),
+    "data encode": (ALL, encode_case),
+    "bench": (tuple(KINDS), bench_case),     # its input is its cache of measured peaks
+    "weights": (tuple(KINDS), weights_case),  # a folder missing files is `check`'s report, not bad input
+}
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under root, with a file's bytes: what a refusal must leave as it was."""
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize(("command", "kind"), [(c, k) for c, (kinds, _) in COMMANDS.items() for k in kinds],
+                         ids=lambda value: value.replace(" ", "-"))
+def test_every_command_refuses_a_bad_input_in_one_line_writing_nothing(
+        command: str, kind: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incomplete run directory or shard folder, a file that is not what the command reads, an empty and a
+    binary file: one line on stderr, exit 2, no file written (here or under ./), no input changed."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MASKBENCH_CACHE", str(tmp_path / "cache"))
+    argv, message = COMMANDS[command][1](tmp_path, kind)
+    before = tree(tmp_path)
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert tree(tmp_path) == before

@@ -40,7 +40,7 @@ def test_an_arm_file_with_options_takes_a_model_preset_and_overrides(tmp_path):
     arm.write_text("arm:\n  name: routes\n  phases:\n  - {mask_ratio: 0.0, fraction: 1.0}\n"
                    "train:\n  demote_routes:\n  - {ratio: 0.75, t: [0.0, 0.5]}\n  lr: 0.002\n")
     cfg = load_config([f"arm={arm}", "model=tiny_deep", "train.lr=3e-3", "seed=2"])
-    assert (cfg.model.name, cfg.model.depth, cfg.train.lr, cfg.seed) == ("tiny_deep", 12, 3e-3, 2)
+    assert (cfg.model.name, cfg.model.depth, cfg.train.lr, cfg.seed) == ("tiny_deep", 13, 3e-3, 2)
     assert [(r.ratio, list(r.t)) for r in cfg.train.demote_routes] == [(0.75, [0.0, 0.5])]
 
 

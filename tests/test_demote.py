@@ -79,6 +79,20 @@ def test_route_table_loss_is_the_sample_mean_of_every_route_and_the_native_part(
     torch.testing.assert_close(got, torch.cat([full, low75, low50]).mean())
 
 
+def test_a_routed_step_reads_the_device_once_for_its_part_sizes(monkeypatch) -> None:
+    """Three parts (native, 0.75, 0.5): the sizes come to the host in one transfer, the rest stays on the device."""
+    model = randomized(_model(depth=1), std=0.1)
+    x0, noise, _, ids, mask = _inputs(model)
+    routes = [DemoteRoute(0.75, [0.6, 0.8], priority=1), DemoteRoute(0.5, [0.85, 1.0])]
+    reads = []
+    for method in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _f=original, _m=method: reads.append(_m) or _f(self, *a))
+    windowed_flow_loss(model, x0, noise, torch.tensor([0.2, 0.7, 0.9]), ids, mask, None,
+                       torch.zeros(3, dtype=torch.bool), routes, "sample", generator=torch.Generator().manual_seed(3))
+    assert reads == ["tolist"]
+
+
 def test_route_table_refusals() -> None:
     for extra, message in [(["train.demote_routes=[{ratio: 1.5, t: [0, 1]}]"], "outside"),
                            (["train.demote_routes=[{ratio: 0.75, t: [0.5, 0.2]}]"], "t window"),

@@ -46,7 +46,8 @@ def test_a_slow_loader_shows_in_data_wait_and_not_in_gpu_hours(tmp_path, synth_r
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
                                                             monotonic=clock.monotonic))
     train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]",
-                                     f"train.batch_size={batch}", "data.shuffle_buffer=8")))
+                                     f"train.batch_size={batch}", "data.shuffle_buffer=8",
+                                     "data.num_workers=0")))  # decoded here, where the fake clock runs
     (row,) = read_rows([tmp_path / "leaderboard.csv"])
     assert row["data_wait_s"] >= DELAY * row["step"]
     assert row["gpu_hours"] * 3600 < DELAY  # the steps' own time: no batch's loading in it

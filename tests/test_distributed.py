@@ -28,7 +28,7 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
-from maskbench.train.loop import Trainer, batch_digest
+from maskbench.train.loop import Trainer, batch_digest, make_accelerator
 from tests.conftest import tiny_overrides
 
 LOSS_RTOL = 1e-5   # float32 summation order; observed bit-identical on CPU
@@ -39,9 +39,9 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _torchrun(tmp: Path, synth_root: Path, *extra: str) -> None:
+def _torchrun(tmp: Path, synth_root: Path, *extra: str, base: tuple[str, ...] = ARM) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "maskbench", "run", *tiny_overrides(tmp, synth_root, *ARM, *extra)]
+               "-m", "maskbench", "run", *tiny_overrides(tmp, synth_root, *base, *extra)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -120,7 +120,32 @@ def test_maskdit_crosses_its_switch_on_two_processes(tmp_path, synth_root):
     assert ratios[0] == 0.5 and ratios[-3:] == [0.0] * 3 and (run_dir / "done.json").exists()
 
 
-@pytest.mark.parametrize("arm", [a for a in known_arms() if a != "lsc_convert"])  # skips-only phases: 1 process
+CONVERT = """arm:
+  name: convert
+  phases:
+    - {mask_ratio: 0.0, fraction: 0.5, trainable: skips}
+    - {mask_ratio: 0.0, fraction: 0.5}
+model:
+  long_skip: concat_ln
+"""
+
+
+def test_a_conversion_runs_its_frozen_and_full_stages_on_two_processes(tmp_path, synth_root):
+    """Skip-DiT's conversion freezes all but the new skips after DDP wrapped the model, then unfreezes them:
+    DDP finds the frozen ones unused (their grads stay None, so AdamW leaves them), and 2 processes train
+    what 1 process with 2 micro-batches does, through the switch."""
+    source = train(load_config(tiny_overrides(tmp_path / "source", synth_root, "arm=mask0", "eval.points=[1.0]")))
+    (tmp_path / "convert.yaml").write_text(CONVERT)
+    convert = (f"arm={tmp_path / 'convert.yaml'}", f"init_from={source}", "budget.flops=5e9", "eval.points=[1.0]",
+               "data.shuffle_buffer=32")
+    one = train(load_config(tiny_overrides(tmp_path / "one", synth_root, *convert, "train.grad_accum=2")))
+    _torchrun(tmp_path / "two", synth_root, *convert, base=())
+    [two] = (tmp_path / "two" / "runs").iterdir()
+    assert [m["loss"] for m in _metrics(two)] == pytest.approx([m["loss"] for m in _metrics(one)], rel=LOSS_RTOL)
+    assert read_rows([tmp_path / "two" / "leaderboard.csv"])[-1]["switch_step"] > 0
+
+
+@pytest.mark.parametrize("arm", [a for a in known_arms() if a != "lsc_convert"])  # lsc_convert: a source run, above
 def test_idle_parameters_are_exactly_those_a_phase_gives_no_gradient(tmp_path, synth_root, arm):
     """DDP is told to look for unused parameters only when `idle_parameters` names some; a real backward of
     each phase of each shipped arm must leave exactly those without a gradient, or a multi-GPU run stops."""
@@ -170,3 +195,12 @@ def test_a_rank_whose_clock_runs_ahead_does_not_checkpoint_alone(tmp_path, synth
     [run_dir] = (tmp_path / "runs").iterdir()
     assert (run_dir / "done.json").exists()
     assert not any(p.name.startswith("step-") for p in (run_dir / "checkpoints").iterdir())  # rank 0: none due
+
+
+def test_ddp_does_not_rebroadcast_the_models_fixed_buffers(tmp_path, synth_root):
+    """Every buffer is fixed at build (sin-cos positions, the synth token table): broadcasting them before
+    each forward would only cost a collective."""
+    cfg = load_config(tiny_overrides(tmp_path, synth_root))
+    assert make_accelerator(cfg).ddp_handler.broadcast_buffers is False
+    model = build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data))
+    assert {name for name, _ in model.named_buffers()} <= {"pos_embed", "text_encoder.token_table"}

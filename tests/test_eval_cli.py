@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +41,14 @@ def test_eval_of_a_missing_point_or_key_is_refused(tmp_path, synth_root, capsys)
     assert "only eval.* and paths.*" in capsys.readouterr().err
 
 
+def relabelled(root: Path, out: Path, source: str) -> Path:
+    """A copy of shards whose manifests record another source (the run's dataset label comes from them)."""
+    shutil.copytree(root, out)
+    for manifest in out.glob("*/manifest.json"):
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "source": source}))
+    return out
+
+
 @pytest.mark.parametrize("case, expected", [
     ("too_many", "eval.n_samples=100 / eval.val_samples=16 exceed the 64 held-out prompts"),
     ("final_too_many", "eval.n_samples=8 / eval.final_n_samples=100 / eval.val_samples=16 exceed the 64 held-out"),
@@ -49,6 +59,7 @@ def test_eval_of_a_missing_point_or_key_is_refused(tmp_path, synth_root, capsys)
     ("no_stats", "no reference statistics at"),
 ])
 def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, capsys, case, expected):
+    photos = relabelled(synth_root, tmp_path / "photos", "photos")
     weights = tmp_path / "inception.pt"
     weights.write_bytes(b"a TorchScript file would be here")
     standin = standins.write_inception(tmp_path / "standin-inception.pt")
@@ -57,10 +68,10 @@ def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, capsys, ca
         "final_too_many": ["eval.final_n_samples=100"],
         "final_one": ["eval.final_n_samples=1"],
         "one_resample": ["eval.bootstrap_resamples=1"],
-        # the synth shards under another name: real-data evaluation (Inception FID) applies
-        "no_weights": ["data.name=photos", f"eval.inception_weights={tmp_path / 'missing.pt'}"],
-        "bad_weights": ["data.name=photos", f"eval.inception_weights={weights}"],
-        "no_stats": ["data.name=photos", f"eval.inception_weights={standin}",
+        # the synth shards packed under another source: real-data evaluation (Inception FID) applies
+        "no_weights": [f"data.path={photos}", f"eval.inception_weights={tmp_path / 'missing.pt'}"],
+        "bad_weights": [f"data.path={photos}", f"eval.inception_weights={weights}"],
+        "no_stats": [f"data.path={photos}", f"eval.inception_weights={standin}",
                      f"eval.reference_stats={tmp_path / 'stats.npz'}"],
     }[case]
     assert main(["run", *tiny_overrides(tmp_path, synth_root, *extra)]) == 2

@@ -30,7 +30,7 @@ def test_the_checks_commands_run_end_to_end_at_toy_size_on_the_cpu(tmp_path: Pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     report = json.loads((tmp_path / "results" / "gpu_check.json").read_text())
     assert report["all_passed"] and [s["name"] for s in report["steps"]] == [
-        "standins", "synth", "encode_train", "encode_val", "reference", "run", "repro"]
+        "standins", "synth", "encode_train", "encode_val", "reference", "run", "demote", "maskdit", "repro"]
     assert [p["point"] for p in report["eval_points"]] == [0.25, 1.0]
     assert all(p["fid"] is not None and p["fid_features"] == "standin-random-inception" and p["clip_score"] is not None
                for p in report["eval_points"])

@@ -67,3 +67,19 @@ def test_a_rule_phase_cannot_have_cooled_early_points(tmp_path, synth_root):
     with pytest.raises(ConfigError, match="cannot be cooled branches"):
         load_config(tiny_overrides(tmp_path, synth_root, "arm=lsc_convert", "train.schedule=wsd",
                                    "init_from=/nonexistent"))
+
+
+def test_an_arm_can_carry_its_authors_learning_rates_phase_by_phase(tmp_path, synth_root):
+    """MicroDiT's schedule: cosine from the LR to a third over the masked phase, then a third, constant."""
+    cfg = load_config(tiny_overrides(tmp_path, synth_root, "arm=mask75_then0_microdit"))
+    plan = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), 1)
+    masked, unmasked = plan.phases
+    factors = [plan.lr_factor(step, 0, cfg.train.schedule) for step in range(plan.total_steps + 1)]
+    assert factors[0] == pytest.approx(1.0) and factors[masked.steps - 1] == pytest.approx(1 / 3)
+    assert all(a > b for a, b in zip(factors[:masked.steps - 1], factors[1:masked.steps]))  # cosine, falling
+    assert factors[masked.steps:] == pytest.approx([1 / 3] * (unmasked.steps + 1))         # then constant
+    with pytest.raises(ConfigError, match="carry their own learning rates"):
+        load_config(tiny_overrides(tmp_path, synth_root, "arm=mask75_then0_microdit", "train.schedule=wsd"))
+    with pytest.raises(ConfigError, match=r"lr is \[start, end\]"):
+        load_config(tiny_overrides(tmp_path, synth_root, "arm=mask75_then0_microdit",
+                                   "arm.phases=[{mask_ratio: 0.75, fraction: 1.0, lr: [1.0, 0.0]}]"))

@@ -8,9 +8,11 @@ leaves CUDA runs of those suites compiled.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 import pytest
@@ -197,7 +199,7 @@ def test_training_steps_dit(interpret: None) -> None:
 def test_auto_uses_torch_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_triton(*args: object) -> None:
         raise AssertionError("the Triton path ran on CPU under impl='auto'")
-    monkeypatch.setattr(kernels._Drop, "apply", no_triton)
+    monkeypatch.setattr(kernels, "_gather_rows", no_triton)
     x, keep = torch.randn(1, 4, 2), random_keep(1, 4, 2)
     assert torch.equal(gather_tokens(x, keep), gather_tokens(x, keep, impl="torch"))
 
@@ -258,3 +260,52 @@ def test_benchmark_skips_without_gpu(tmp_path: Path) -> None:
     script = Path(__file__).parents[1] / "benchmarks" / "kernels.py"
     done = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, check=True)
     assert "skipped" in done.stdout and not out.exists()
+
+
+def load_benchmark(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """benchmarks/kernels.py as a module (its directory on sys.path, as when the script runs)."""
+    script = Path(__file__).parents[1] / "benchmarks" / "kernels.py"
+    monkeypatch.syspath_prepend(str(script.parent))
+    spec = importlib.util.spec_from_file_location("kernels_benchmark", script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_refuses_an_implementation_whose_backward_disagrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark(monkeypatch)
+
+    def drop_doubled_grad(x: torch.Tensor, keep_idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        out = gather_tokens(x, keep_idx, pos, impl="torch")                                   # B×K×D
+        return out + (out - out.detach())                                                     # same values, 2× grad
+
+    monkeypatch.setitem(bench.IMPLS, "doubled", (drop_doubled_grad, bench.IMPLS["torch-expand"][1]))
+    case = bench.Case(16, 0.5, bench.SMOKE, torch.device("cpu"))
+    bench.check_agrees(case, ["torch-expand", "torch-repeat"])
+    with pytest.raises(SystemExit, match="doubled drop disagrees .*, backward"):
+        bench.check_agrees(case, ["torch-expand", "doubled"])
+
+
+@pytest.mark.parametrize("triton_module", ["absent", "without knobs"])
+def test_unusable_triton_falls_back_to_torch_with_one_warning_line(triton_module: str) -> None:
+    """On a (pretend) CUDA machine: one line when the module loads, none per call, and the torch path runs."""
+    code = f"""
+import sys, types, torch
+if {triton_module!r} == "absent":
+    sys.modules["triton"] = None
+else:
+    old = types.ModuleType("triton"); old.__version__ = "3.3.0"; old.language = types.ModuleType("triton.language")
+    sys.modules.update({{"triton": old, "triton.language": old.language}})
+torch.cuda.is_available = lambda: True
+from maskbench.models import kernels
+x, keep = torch.randn(2, 4, 3), torch.tensor([[0, 2], [1, 3]])
+for _ in range(3):
+    assert torch.equal(kernels.gather_tokens(x, keep), kernels.gather_tokens(x, keep, impl="torch"))
+print(kernels.triton_available())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).parents[1])
+    warnings = [line for line in done.stderr.splitlines() if "maskbench:" in line]
+    assert len(warnings) == 1 and warnings[0].endswith("token drop/restore use the torch path"), done.stderr
+    assert done.stdout.split() == ["False"]

@@ -27,6 +27,7 @@ from maskbench.eval import standins
 from maskbench.eval.decode import LatentDecoder
 from maskbench.eval.evaluate import load_eval_set
 from maskbench.eval.fid import STANDIN_FEATURES_NAME, FeatureStats, InceptionFeatures, load_stats
+from maskbench.eval.grid import upscale_factor
 from maskbench.eval.oracle import load_oracle
 from maskbench.eval.sample import fixed_noise, to_uint8
 from maskbench.results.leaderboard import read_rows
@@ -74,7 +75,8 @@ def test_latent_run_decodes_samples_and_scores_fid_and_clip(tmp_path: Path, opts
         assert row["fd_dinov2"] > 0 and row["fd_dinov2_features"] == "vit_tiny_patch16_224"
     samples = run_dir / "samples" / "point-1"
     assert np.asarray(Image.open(samples / "00000.png")).shape == (32, 32, 3)   # decoded, not the 16×16 latent
-    assert Image.open(samples / "grid.png").size == (67, 67)                     # 2×2 decoded samples, padding 1
+    width, height = Image.open(samples / "grid.png").size                      # 2×2 decoded samples, enlarged
+    assert width >= 2 * 32 * upscale_factor(32) and height > width             # with prompts under the tiles
     assert len(list(samples.glob("[0-9]*.png"))) == 4
 
     assert main(["repro", str(run_dir)]) == 0                                    # metrics recomputed from the PNGs

@@ -2,8 +2,8 @@
 
 Layers, lowest first: data -> models -> train -> eval -> results -> runs (the tools that work on a run
 directory) -> the command line. A module may import its own layer and the ones below it, never one
-above. Under every layer sits the config schema (`config`, `conf`, `models.presets`, `files`), which imports
-nothing else of maskbench. Imports inside functions count too: a lazy import is still a dependency.
+above. Under every layer sits the config schema (`config`, `conf`, `models.presets`, `files`, `errors`,
+`manifest`, `weights`), which imports nothing else of maskbench. Imports inside functions count too: a lazy import is still a dependency.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "maskbench"
 LAYERS = ["data", "models", "train", "eval", "results", "runs", "cli"]
-BASE = {"maskbench", "maskbench.conf", "maskbench.config", "maskbench.models.presets", "maskbench.files"}
+BASE = {"maskbench", "maskbench.conf", "maskbench.config", "maskbench.models.presets", "maskbench.files",
+        "maskbench.errors", "maskbench.manifest", "maskbench.weights"}
 
 
 def module_name(path: Path) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from maskbench.config import ConfigError, load_config
 from maskbench.models.dit import DiT, ModelConfig, SkipGate, long_skip_pairs, skip_scales
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
+from maskbench.models.presets import PRESETS
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
 from tests.conftest import randomized, tiny_overrides
@@ -45,9 +47,33 @@ def _record(model: DiT) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
 
 
 def test_long_skips_pair_block_i_with_block_depth_minus_1_minus_i() -> None:
-    assert long_skip_pairs(4) == [(2, 1), (3, 0)]
+    assert long_skip_pairs(4) == [(2, 1), (3, 0)]  # Skip-DiT's halves: block 2 fuses the block just before it
     assert long_skip_pairs(5) == [(3, 1), (4, 0)]  # the middle block 2 would fuse itself: no skip
     assert long_skip_pairs(1) == []
+
+
+def _uvit_reference(outdepth: int, kappa: float) -> dict[int, tuple[int, float]]:
+    """ScaleLong's U-ViT loop (libs/uvit.py 240-263) on block indices: in-blocks 0 .. outdepth-1 push their
+    outputs, the mid block (index outdepth) runs, out-block j (index outdepth+1+j) pops one and scales it by
+    kappa ** (outdepth - 1 - j). Returns {fusing block: (source block, coefficient)}."""
+    skips = list(range(outdepth))
+    return {outdepth + 1 + j: (skips.pop(), kappa ** (outdepth - 1 - j)) for j in range(outdepth)}
+
+
+def test_depth_13_is_uvits_depth_12_with_its_mid_block_and_kappa_scales() -> None:
+    """tiny_deep's 13 blocks are U-ViT's "depth 12": 6 in-blocks, a mid block that fuses nothing, 6 out-blocks,
+    each fusing an in-block's output with ScaleLong's CS coefficient; never the running tokens themselves."""
+    assert PRESETS["tiny_deep"]().depth == 13
+    model = randomized(_model(depth=13, long_skip="concat", skip_scale="kappa", skip_kappa=0.5), std=0.3)
+    reference = _uvit_reference(6, 0.5)
+    assert {block: source for block, source in long_skip_pairs(13)} == {b: s for b, (s, _) in reference.items()}
+    assert {int(b): skip.scale for b, skip in model.long_skips.items()} == {b: k for b, (_, k) in reference.items()}
+    outputs, fused = _record(model)
+    model(*_inputs(model, IMAGE))
+    assert 6 not in fused  # the mid block
+    for block, (source, kappa) in reference.items():  # block 7 fuses in-block 5 at 0.5^5 ... block 12 block 0 at 1
+        assert source < block - 1  # a skip crosses at least the mid block
+        torch.testing.assert_close(fused[block], torch.cat([outputs[block - 1], kappa * outputs[source]], dim=-1))
 
 
 def test_each_fusing_block_receives_the_paired_blocks_output() -> None:
@@ -74,15 +100,11 @@ def test_fusion_is_concat_then_norm_then_linear() -> None:
 
 
 def _uvit_cs_scales(depth: int, kappa: float) -> dict[int, float]:
-    """ScaleLong's CS rule written as its U-ViT loop runs: the first half's outputs are pushed on a stack,
-    decoder block j pops one (the innermost first) and scales it by kappa ** (outdepth - 1 - j).
-    Returns {source block: its skip's coefficient}."""
-    outdepth = depth // 2
-    stack = list(range(outdepth))  # blocks 0 .. outdepth-1 push their outputs
-    return {stack.pop(): kappa ** (outdepth - 1 - j) for j in range(outdepth)}
+    """ScaleLong's CS rule as its U-ViT loop runs it, on depth // 2 in-blocks: {source block: its coefficient}."""
+    return dict(_uvit_reference(depth // 2, kappa).values())
 
 
-@pytest.mark.parametrize("depth", [2, 4, 5, 8, 12])
+@pytest.mark.parametrize("depth", [2, 4, 5, 8, 12, 13])
 def test_kappa_scales_follow_scalelongs_order_innermost_damped_most(depth: int) -> None:
     model = _model(depth=depth, long_skip="concat", skip_scale="kappa", skip_kappa=0.7)
     by_source = {source: model.long_skips[str(block)].scale for block, source in long_skip_pairs(depth)}
@@ -142,6 +164,22 @@ def test_each_skip_is_multiplied_by_its_gate_computed_from_the_skip(scale: str, 
         torch.testing.assert_close(fused[block], expected)
 
 
+def test_skip_init_uvit_is_trunc_normal_and_an_unknown_one_is_refused() -> None:
+    """U-ViT inits every Linear trunc_normal(0.02) with zero bias (libs/uvit.py 214-218); the rest of the model
+    keeps DiT's init. A name init_skips does not know must stop the build, not fall back to DiT's xavier."""
+    dit, uvit = _model(depth=13, long_skip="concat"), _model(depth=13, long_skip="concat", skip_init="uvit")
+    weights = torch.cat([skip.proj.weight.detach().flatten() for skip in uvit.long_skips.values()])  # 6 × 32×64
+    assert 0.018 < float(weights.std()) < 0.022 and float(weights.abs().max()) < 0.1
+    assert all(not skip.proj.bias.any() for skip in uvit.long_skips.values())
+    assert float(torch.cat([s.proj.weight.detach().flatten() for s in dit.long_skips.values()]).std()) > 0.1  # xavier
+    others = [name for name, _ in dit.named_parameters() if not name.startswith("long_skips")]
+    assert all(torch.equal(dit.get_parameter(n), uvit.get_parameter(n)) for n in others)
+    with pytest.raises(ValueError, match=re.escape("model.skip_init must be dit|skipdit|uvit|identity; got 'xavier'")):
+        _model(depth=5, long_skip="concat", skip_init="xavier")
+    with pytest.raises(ValueError, match="'xavier' is not a valid SkipInit"):
+        dit.init_skips("xavier")
+
+
 def test_default_model_has_no_long_skip_layers() -> None:
     model = _model(depth=4)
     assert len(model.long_skips) == 0 and len(model.long_skip_gates) == 0
@@ -179,9 +217,9 @@ def test_scalelong_options_that_cannot_mean_what_they_say_are_refused(overrides:
 def test_the_scalelong_family_composes_on_the_deep_preset() -> None:
     sets = {arm: load_config([f"arm={arm}", "model=tiny_deep"]).model for arm in
             ("lsc_uvit", "lsc_const", "lsc_scalelong", "lsc_scalelong_ls")}
-    assert {arm: (m.depth, m.long_skip, m.skip_scale) for arm, m in sets.items()} == {
-        "lsc_uvit": (12, "concat", "none"), "lsc_const": (12, "concat", "constant"),
-        "lsc_scalelong": (12, "concat", "kappa"), "lsc_scalelong_ls": (12, "concat", "learned_shared")}
+    assert {arm: (m.depth, m.long_skip, m.skip_scale, m.skip_init) for arm, m in sets.items()} == {
+        "lsc_uvit": (13, "concat", "none", "uvit"), "lsc_const": (13, "concat", "constant", "uvit"),
+        "lsc_scalelong": (13, "concat", "kappa", "uvit"), "lsc_scalelong_ls": (13, "concat", "learned_shared", "uvit")}
     assert len(long_skip_pairs(sets["lsc_scalelong"].depth)) == 6
     assert load_config(["arm=lsc_scalelong", "model=tiny_deep", "model.skip_kappa=0.9"]).model.skip_kappa == 0.9
 

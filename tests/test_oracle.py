@@ -6,7 +6,6 @@ import torch
 from scipy import linalg
 
 from maskbench.data import synth
-from maskbench.eval import oracle as oracle_module
 from maskbench.eval.fid import FeatureStats
 from maskbench.eval.oracle import ORACLE_NAME, Oracle, load_oracle, render_batch, save_oracle, train_oracle
 
@@ -72,7 +71,7 @@ def test_load_refuses_weights_for_other_synth_parameters(tmp_path, monkeypatch):
     path = tmp_path / "oracle.safetensors"
     save_oracle(train_oracle(0, n_train=16, steps=1, batch_size=4), path, {"seed": 0})
     assert isinstance(load_oracle(path), Oracle)
-    changed = {**oracle_module.synth_params(), "sizes": ["tiny", "huge"]}
-    monkeypatch.setattr(oracle_module, "synth_params", lambda: changed)
+    changed = {**synth.renderer_params(), "sizes": ["tiny", "huge"]}
+    monkeypatch.setattr(synth, "renderer_params", lambda: changed)
     with pytest.raises(ValueError, match="other synth parameters"):
         load_oracle(path)

@@ -14,10 +14,11 @@ from tests.fixtures_real import (
 )
 from maskbench.cli import main
 from maskbench.data.pack import PackOptions, iter_tar_samples, pack
-from maskbench.data.shards import read_manifest, shard_urls
+from maskbench.data.shards import shard_urls
 from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.sources.journeydb import plan_journeydb
 from maskbench.data.verify import verify
+from maskbench.manifest import read_manifest
 
 PER_SAMPLE = len(brushdata_members("0", b"", b""))  # tar members per BrushData sample
 

@@ -14,11 +14,18 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from maskbench.config import load_config
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from maskbench.config import known_arms, load_config
+from maskbench.data.demote import ratio_key
 from maskbench.eval.sample import euler_sample
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import make_trainer
+from maskbench.train import loop
 from maskbench.train.loop import Trainer
+from maskbench.train.schedule import step_generator
 from tests.conftest import tiny_overrides
 
 
@@ -30,7 +37,8 @@ class StandInDeviceAccelerator(Accelerator):
         return torch.device("meta")
 
     def prepare(self, *objects):
-        return tuple(o.to(self.device) if isinstance(o, nn.Module) else o for o in objects)
+        prepared = tuple(o.to(self.device) if isinstance(o, nn.Module) else o for o in objects)
+        return prepared[0] if len(prepared) == 1 else prepared  # as accelerate's
 
 
 def test_ema_and_model_are_on_the_accelerators_device(tmp_path: Path, synth_root: Path) -> None:
@@ -49,6 +57,45 @@ def test_the_sampler_stays_on_the_noises_device(tmp_path: Path, synth_root: Path
     context = torch.zeros(2, model.text_encoder.context_len, dtype=torch.long, device="meta")
     mask = torch.ones(2, model.text_encoder.context_len, dtype=torch.bool, device="meta")
     assert euler_sample(model, noise, context, mask, steps=2, cfg_scale=2.0).device.type == "meta"
+
+
+class MixedDevices(TorchDispatchMode):
+    """Records every operation whose tensor operands live on more than one device (copies excepted): on a
+    GPU each is an error ("indices should be either on cpu or on the same device") or a silent host trip."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixed: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devices = {x.device.type for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.dim()}
+        if len(devices) > 1 and func not in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            self.mixed.append(f"{func}: {sorted(devices)}")
+        return func(*args, **kwargs)
+
+
+def host_generators(seed: int, stream: int, step: int, purpose: str, device: torch.device = torch.device("cpu")):
+    """The step's generators on the host: `meta` cannot hold one (a GPU can: this is the stand-in's one gap)."""
+    return step_generator(seed, stream, step, purpose, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("arm", [arm for arm in known_arms() if arm != "lsc_convert"])  # lsc_convert: an init_from source
+def test_every_arms_step_keeps_its_tensors_on_the_models_device(tmp_path, synth_root, monkeypatch, arm):
+    """Each phase's loss and backward with the model on a stand-in device, from a loader batch on the host
+    (with the demoted latents latent shards would bring): no operation mixes host and device tensors."""
+    monkeypatch.setattr(loop, "step_generator", host_generators)
+    trainer = Trainer(load_config(tiny_overrides(tmp_path, synth_root, f"arm={arm}", "eval.points=[1.0]",
+                                                 "budget.flops=1e10", "data.num_workers=0")),
+                      StandInDeviceAccelerator(cpu=True))  # a budget with a step in every arm's every phase
+    trainer.setup()
+    batch = next(iter(trainer.make_loaders()[0]))
+    batch["demoted"] = {ratio_key(r.ratio): F.avg_pool2d(batch["image"], 2) for r in trainer.routes}  # host, as loaded
+    for phase in trainer.schedule.phases:
+        with MixedDevices() as record:
+            loss, digest = trainer.stream_loss(batch, phase, stream=0, step=phase.start)
+            loss.backward()
+        assert record.mixed == [] and loss.device.type == digest.device.type == "meta", (phase.mask_ratio, record.mixed)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

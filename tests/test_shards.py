@@ -22,9 +22,11 @@ from webdataset.tariterators import tar_file_iterator
 from maskbench.data import shards
 from maskbench.data.shards import (
     FORMAT,
+    LOADER_STREAMS,
     BadSample,
     CanonicalShardWriter,
     TooManyBadSamples,
+    auto_workers,
     decode_image,
     decode_image_caption,
     decode_npy,
@@ -33,6 +35,7 @@ from maskbench.data.shards import (
     read_manifest,
     shard_urls,
 )
+from maskbench.config import ConfigError
 from maskbench.data.synth import write_synth
 from maskbench.files import sha256_file, write_atomic, write_json_atomic
 
@@ -243,7 +246,25 @@ def test_resume_from_the_saved_state_gives_the_batches_of_an_uninterrupted_run(s
     # k=1 batch, stream 1 has none and starts from its beginning
     following, resumed = resume_after(synth_train, k, 4, **LOADER, num_workers=num_workers)
     assert_same_batches(resumed, following)
-    assert [b["data_stats"]["stream"] for b in following] == [i % max(num_workers, 1) for i in range(k, k + 4)]
+    assert [b["data_stats"]["stream"] for b in following] == [i % LOADER_STREAMS for i in range(k, k + 4)]
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+def test_the_batches_do_not_depend_on_the_worker_count(synth_train, num_workers):
+    """The worker count is sized from each machine's CPUs, so it must not choose the data: batch i
+    comes from stream i % LOADER_STREAMS whoever reads it, and a state saved under one count resumes
+    under another."""
+    alone = take(make_loader(synth_train, **LOADER), 10)
+    assert_same_batches(take(make_loader(synth_train, **LOADER, num_workers=num_workers), 10), alone)
+    first = make_loader(synth_train, **LOADER)
+    take(first, 3)
+    resumed = make_loader(synth_train, **LOADER, num_workers=num_workers, start_step=3, resume=first.state_dict())
+    assert_same_batches(take(resumed, 7), alone[3:])
+
+
+def test_a_worker_count_that_does_not_divide_the_streams_is_refused(synth_train):
+    with pytest.raises(ValueError, match=f"num_workers must be 0 or divide the {LOADER_STREAMS}"):
+        make_loader(synth_train, **LOADER, num_workers=3)
 
 
 def test_a_resumed_mix_draws_the_sources_of_an_uninterrupted_one(synth_train, synth_other):
@@ -389,9 +410,9 @@ def test_a_resumed_stream_skips_and_counts_the_bad_samples_of_an_uninterrupted_o
     # read (duplicate key, truncation) and bad samples counted as decoded: counted once, as uninterrupted
     shard_dir = corrupt_shard_dir(tmp_path)
     loader = partial(make_loader, shard_dir, **LOADER, max_bad_fraction=0.5)
-    full = take(loader(), 14)
+    full = take(loader(), 14 * LOADER_STREAMS)  # 14 batches of each stream
     assert {"duplicate_key", "truncated_tar", "undecodable_image"} <= set(full[-1]["data_stats"]["bad"])
-    for k in range(1, 12):
+    for k in range(1, 12 * LOADER_STREAMS, 3):  # 3 and the stream count are coprime: every stream, many depths
         first = loader()
         take(first, k)
         assert_same_batches(take(loader(start_step=k, resume=first.state_dict()), 3), full[k:k + 3])
@@ -401,7 +422,7 @@ def test_a_resume_state_of_another_loader_is_refused(synth_train, synth_other):
     loader = make_loader(synth_train, **LOADER)
     take(loader, 3)
     state = loader.state_dict()
-    for change in (dict(batch_size=8), dict(seed=1), dict(num_workers=2), dict(shuffle_buffer=8), dict(world_size=3)):
+    for change in (dict(batch_size=8), dict(seed=1), dict(shuffle_buffer=8), dict(world_size=3)):
         with pytest.raises(ValueError, match="resume state does not fit this loader"):
             make_loader(synth_train, **{**LOADER, **change}, start_step=3, resume=state)
     with pytest.raises(ValueError, match="resume state does not fit this loader .*data"):
@@ -467,3 +488,12 @@ def test_make_loader_rejects_bad_arguments(synth_train, tmp_path):
         make_loader(synth_train, batch_size=4, seed=0, max_bad_fraction=1.0)
     with pytest.raises(ValueError, match="no shard manifest"):
         make_loader(tmp_path / "nothing", batch_size=4, seed=0)
+
+
+def test_workers_are_sized_from_the_cpus_and_divide_the_streams():
+    from maskbench.train.loop import loader_workers  # the trainer's choice, from what the loader accepts
+    assert [auto_workers(cpus, loaders=1) for cpus in (1, 2, 3, 4, 6, 9, 16, 64)] == [0, 1, 2, 2, 4, 8, 8, 8]
+    assert auto_workers(16, loaders=4) == 2  # 15 CPUs for 4 micro-batch loaders: 3 each, 2 divides the streams
+    assert loader_workers(4, loaders=1) == 4
+    with pytest.raises(ConfigError, match="data.num_workers must be one of"):
+        loader_workers(3, loaders=1)

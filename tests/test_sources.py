@@ -17,10 +17,11 @@ from tests.fixtures_real import (
 )
 from maskbench.cli import main
 from maskbench.data.pack import PackOptions, iter_tar_samples, pack
-from maskbench.data.shards import read_manifest, shard_urls
+from maskbench.data.shards import shard_urls
 from maskbench.data.sources.brushdata import decode_brushdata_rle, plan_brushdata
 from maskbench.data.sources.journeydb import plan_journeydb
 from maskbench.data.sources.sa1b import plan_sa1b
+from maskbench.manifest import read_manifest
 
 QUIET = PackOptions(maxcount=2)
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from maskbench.data import synth
-from maskbench.data.shards import read_manifest, shard_urls
+from maskbench.data.shards import shard_urls
 from maskbench.data.synth import (
     COLOUR_RGB,
     NO_LABEL,
@@ -24,6 +24,7 @@ from maskbench.data.synth import (
     scene_to_json,
     write_synth,
 )
+from maskbench.manifest import read_manifest
 
 SMALL = dict(n_train=40, n_val=12, image_size=32, shard_size=16)
 

@@ -67,7 +67,7 @@ def test_a_resume_decodes_no_sample_before_its_position(tmp_path, synth_root, mo
 
     monkeypatch.setattr(loop, "loader_decoder", counting_decoder)
     for stop in (2, 9):
-        extra = ("arm=mask0", "eval.points=[1.0]", "budget.flops=2e9")
+        extra = ("arm=mask0", "eval.points=[1.0]", "budget.flops=2e9", "data.num_workers=0")  # decoded here
         _run(tmp_path / str(stop), synth_root, *extra, f"train.stop_at_step={stop}")
         decoded.clear()
         resumed = _run(tmp_path / str(stop), synth_root, *extra)
@@ -135,7 +135,7 @@ def test_corrupt_samples_are_skipped_and_counted(tmp_path, synth_root):
     _add_corrupt_samples(synth_root, data)
     run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", f"data.path={data}",
                                                "data.max_bad_fraction=0.99", "budget.flops=2e9",
-                                               "eval.points=[1.0]")))
+                                               "eval.points=[1.0]", "data.shuffle_buffer=8")))  # a block: a batch
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["bad_samples"].get("undecodable_image", 0) > 0
     assert last["bad_samples"].get("empty_caption", 0) > 0 and last["bad_samples"].get("non_utf8_text", 0) > 0

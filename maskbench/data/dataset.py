@@ -12,7 +12,8 @@ from pathlib import Path
 
 from maskbench.config import ConfigError, DataConfig
 from maskbench.data.demote import demoted_size, ratio_key
-from maskbench.data.shards import decode_image_caption, decode_latent_text, read_manifest
+from maskbench.data.shards import decode_image_caption, decode_latent_text
+from maskbench.manifest import read_manifest
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def resolve_dataset(cfg: DataConfig, data_root: str | Path, create: bool = True)
     latent = read_manifest(train_dir).get("latent")
     if latent is None:
         # The oracle knows synth scenes only: synth shards count as synth when used as such (or in a mix).
-        synthetic = cfg.name in ("synth", "mix") and read_manifest(val_dir)["source"] == "synth"
+        synthetic = cfg.name in ("synth", "mix") and read_manifest(val_dir).get("source") == "synth"
         return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0,
                            synthetic=synthetic)
     return DatasetInfo(cfg.name, train_dir, val_dir, int(latent["size"]), int(latent["channels"]), True,

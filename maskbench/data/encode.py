@@ -212,6 +212,10 @@ def encode(in_dir: str | Path, out_dir: str | Path, opts: EncodeOptions, progres
     """Encode every shard of `in_dir` into `out_dir`; returns the manifest on the main process."""
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     source = read_manifest(in_dir)
+    if "latent" in source:
+        raise ConfigError(f"{in_dir} holds latent shards already; encode reads canonical shards (`maskbench data pack`)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} is a file; give a folder for the latent shards")
     # cpu=True is what makes accelerate join a multi-process CPU (gloo) launch instead of running alone.
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     encoders = Encoders(opts).to(accelerator.device)

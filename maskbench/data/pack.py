@@ -28,7 +28,7 @@ import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -262,6 +262,15 @@ def iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]] | Skip
         yield Skip("truncated_tar")
 
 
+def is_archive(path: Path) -> bool:
+    """Whether `path` opens as a tar, as `iter_tar_samples` opens it. Packing refuses inputs of which none
+    does (empty, text or binary files named .tar) before writing anything; one broken archive among
+    good ones is counted instead (`bad_archive`), as it will be in a download of thousands."""
+    with closing(iter_tar_samples(path)) as items:
+        first = next(items, None)
+    return not (isinstance(first, Skip) and first.reason == "bad_archive")
+
+
 def tar_items(path: Path, to_item: Callable[[str, dict[str, bytes]], Item]) -> Iterator[Item]:
     """A tar's samples as items, `to_item(key path, fields)`; its Skips (refused members, a cut
     archive) pass through, so that a source adapter only handles samples."""
@@ -486,6 +495,9 @@ def pack(out_dir: str | Path, source: str, plan: SourcePlan, opts: PackOptions, 
     names = [u.name for u in plan.units]
     if len(set(names)) != len(names):
         raise ConfigError(f"two inputs share a name: {sorted(n for n, c in Counter(names).items() if c > 1)}")
+    if plan.units and not any(is_archive(unit.inputs[0]) for unit in plan.units):
+        raise ConfigError(f"none of the {len(plan.units)} inputs opens as a tar archive "
+                          f"(e.g. {plan.units[0].inputs[0]}): nothing to pack")
     filters = {**opts.filters(), **plan.filters}
     header = {"source": source, "packer_version": PACKER_VERSION, "filters": filters}
     out_dir.mkdir(parents=True, exist_ok=True)

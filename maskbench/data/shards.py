@@ -42,11 +42,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
-from maskbench.config import ConfigError
+from maskbench.manifest import FORMAT, read_manifest
 from maskbench.data.demote import field_key
 from maskbench.files import sha256_file, write_json_atomic
 
-FORMAT = "maskbench-shards-v1"
 IMAGE_EXTS = ("png", "jpg", "webp")
 PIL_FORMATS = ("PNG", "JPEG", "WEBP")  # the only decoders PIL may try on shard bytes
 TAR_MTIME = 0  # fixed, so the same samples give byte-identical shards; an int (a float adds PAX headers)
@@ -175,17 +174,6 @@ class CanonicalShardWriter:
             self.close()
         else:
             self._sink.close()
-
-
-def read_manifest(shard_dir: str | os.PathLike) -> dict:
-    """Load a shard directory's manifest.json (the marker of a complete directory)."""
-    path = Path(shard_dir) / "manifest.json"
-    if not path.is_file():
-        raise ConfigError(f"no shard manifest at {path}; build the shards first (maskbench data synth|pack)")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise ConfigError(f"{path} is not a {FORMAT} manifest (format={manifest.get('format')!r})")
-    return manifest
 
 
 def shard_urls(shard_dir: str | os.PathLike) -> list[str]:
@@ -318,14 +306,16 @@ def decode_image_caption(sample: dict) -> dict:
 def decode_latent_text(sample: dict) -> dict:
     """Decode for latent shards (`maskbench data encode`): the latent takes the image's place.
 
-    {"image": C×h×w float latent, "txtemb": T×D float, "txtmask": T bool (True up to the caption's
+    {"image": C×h×w float latent, "txtemb": T×D as stored (fp16), "txtmask": T bool (True up to the caption's
     token count, so padding after the end token is not attended), "caption": str, "key": str}, and
     "demoted": {ratio: C×s×s float} when the shards hold demoted latents (`latent_RATIO.npy`, `--demote`).
     """
     if "latent.npy" not in sample or "txtemb.npy" not in sample:
         raise BadSample("missing_latent")
     latent = torch.from_numpy(decode_npy(sample["latent.npy"]).astype(np.float32))   # C×h×w
-    text = torch.from_numpy(decode_npy(sample["txtemb.npy"]).astype(np.float32))     # T×D
+    # Text stays as stored (fp16 from `data encode`), half the host memory and copy of fp32; the
+    # model's device casts it (`batch_context`).
+    text = torch.from_numpy(decode_npy(sample["txtemb.npy"]))                          # T×D
     meta = decode_json(sample["json"]) if "json" in sample else {}
     n_tokens = int(meta.get("text_tokens", text.shape[0]))
     caption = decode_text(sample["txt"]).strip() if "txt" in sample else ""
@@ -340,6 +330,19 @@ def decode_latent_text(sample: dict) -> dict:
 
 _SHARDS, _BLOCKS, _MIX = range(3)  # what a stream's generator is for: the word after (seed, rank, stream) in its seed
 MIX_CHUNK = 1024  # mix draws per generator: resuming at draw m regenerates one chunk, not m draws
+LOADER_STREAMS = 8  # streams each loader interleaves; its worker count divides this, so data order does not depend on it
+
+
+def worker_counts() -> list[int]:
+    """The worker counts a loader accepts: 0 (the training process reads) or a divisor of LOADER_STREAMS."""
+    return [0] + [w for w in range(1, LOADER_STREAMS + 1) if LOADER_STREAMS % w == 0]
+
+
+def auto_workers(cpus: int, loaders: int) -> int:
+    """Workers per loader from the CPUs this process may use, shared by the `loaders` it opens (one per
+    micro-batch stream), keeping one CPU for the training process: the largest accepted count that fits."""
+    fits = (cpus - 1) // max(loaders, 1)
+    return max(w for w in worker_counts() if w <= max(fits, 0))
 
 
 class BadSampleCounter:
@@ -472,13 +475,14 @@ def _decode_samples(
 
 @dataclass
 class _ShardStream(IterableDataset):
-    """One rank's batches; each DataLoader worker builds its own deterministic stream on iteration.
+    """One rank's batches, interleaved from `LOADER_STREAMS` deterministic streams whatever the worker count.
 
     Stream w of rank r draws shards, block orders and mix sources from generators seeded by (seed, r,
-    w) and a position. The DataLoader hands out batches round-robin from worker 0, so batch i of an
-    uninterrupted run comes from stream i % W. To resume at step s, worker j plays stream (j + s) % W
-    from that stream's saved state in `resume` (its beginning if it has none): the resumed run then
-    yields exactly batches s, s+1, ...
+    w) and a position; batch i of an uninterrupted run comes from stream i % S. The DataLoader hands
+    out batches round-robin from its W workers (W divides S), so worker j plays, in turn, the streams
+    of batches j, j + W, j + 2W, ... The data a run sees is then the same with 0, 1, 2, 4 or 8 workers
+    (a machine's CPU count sizes them), and a resume at step s starts worker j at batch s + j, each
+    stream from its saved state in `resume` (its beginning if it has none).
     """
 
     sources: list[list[str]]  # the shard urls of each source (one source unless mixing)
@@ -496,8 +500,16 @@ class _ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        stream = (worker + self.start_step) % n_workers
-        return _Stream(self, stream, self.resume.get(stream)).batches()
+        return self._interleave(itertools.count(self.start_step + worker, n_workers))
+
+    def _interleave(self, batch_indices: Iterator[int]) -> Iterator[dict]:
+        """The batches at `batch_indices`, batch i from stream i % LOADER_STREAMS (each built when first read)."""
+        streams: dict[int, Iterator[dict]] = {}
+        for i in batch_indices:
+            stream = i % LOADER_STREAMS
+            if stream not in streams:
+                streams[stream] = _Stream(self, stream, self.resume.get(stream)).batches()
+            yield next(streams[stream])
 
 
 class _Stream:
@@ -598,7 +610,7 @@ def _resumed_streams(resume: Mapping, shape: dict, start_step: int) -> dict[int,
         differs.append(f"saved at step {resume.get('step')!r}, not start_step={start_step}")
     if differs:
         raise ValueError(f"resume state does not fit this loader ({'; '.join(differs)}): resume with the same "
-                         "shards, seed, rank, world_size, batch_size, num_workers and shuffle_buffer, at its step")
+                         "shards, seed, rank, world_size, batch_size and shuffle_buffer, at its step")
     return {stats["stream"]: stats for stats in resume["streams"]}
 
 
@@ -631,7 +643,7 @@ def make_loader(
 
     Resuming at `start_step` needs `resume`, the `ShardLoader.state_dict()` saved after `start_step`
     batches by a loader of the same shards, seed, rank, world_size, batch_size, num_workers and
-    shuffle_buffer (anything else is refused): each stream seeks to its saved position and counts,
+    shuffle_buffer (anything else is refused; the worker count may differ): each stream seeks to its saved position and counts,
     reading at most one block and the start of its first shard and decoding nothing before it, so
     resuming costs the same at any step, and the batches are exactly batches start_step, ... of an
     uninterrupted run. Each new iteration of the loader restarts from `start_step`: iterate it once
@@ -639,8 +651,11 @@ def make_loader(
     `shard_dir` may instead be a list of (shard dir, weight): each sample then comes from one of those
     sources, drawn with probability proportional to its weight (`data=mix`).
     """
-    if batch_size < 1 or num_workers < 0 or start_step < 0 or shuffle_buffer < 1:
-        raise ValueError("batch_size and shuffle_buffer must be positive, num_workers and start_step non-negative")
+    if batch_size < 1 or start_step < 0 or shuffle_buffer < 1:
+        raise ValueError("batch_size and shuffle_buffer must be positive, start_step non-negative")
+    if num_workers < 0 or (num_workers and LOADER_STREAMS % num_workers):
+        raise ValueError(f"num_workers must be 0 or divide the {LOADER_STREAMS} loader streams "
+                         f"({', '.join(map(str, worker_counts()))}); got {num_workers}")
     if not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
     if not 0.0 <= max_bad_fraction < 1.0:
@@ -657,7 +672,7 @@ def make_loader(
     total = sum(weight for _, weight in mix)
     weights = [weight / total for _, weight in mix]
     shape = {"seed": seed, "rank": rank, "world_size": world_size, "batch_size": batch_size,
-             "streams": max(num_workers, 1), "shuffle_buffer": shuffle_buffer, "data": _data_digest(manifests, weights)}
+             "streams": LOADER_STREAMS, "shuffle_buffer": shuffle_buffer, "data": _data_digest(manifests, weights)}
     resumed = _resumed_streams(resume, shape, start_step) if resume is not None else {}
     dataset = _ShardStream(
         [stream_shards(shard_urls(directory), rank, world_size) for directory, _ in mix],

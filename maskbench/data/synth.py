@@ -22,7 +22,8 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from maskbench.config import ConfigError
-from maskbench.data.shards import CanonicalShardWriter, read_manifest
+from maskbench.data.shards import CanonicalShardWriter
+from maskbench.manifest import read_manifest
 
 SHAPES = ("circle", "square", "triangle")
 COLOURS = ("red", "green", "blue", "yellow", "purple", "white")
@@ -224,7 +225,10 @@ def write_synth(
         for split, n in (("train", n_train), ("val", n_val))
     }
     sample_scene(np.random.default_rng(0), min_objects, max_objects)  # validate arguments before any work
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder of datasets should be
+        raise ConfigError(f"{out.parent} is not a folder (paths.data names the folder synth datasets go in)") from None
     with FileLock(str(out) + ".lock"):
         if _is_complete(out, expected):
             return out
@@ -239,3 +243,23 @@ def write_synth(
                     _write_split(staging / split, rng, params["n"], params, shard_size, progress)
             os.replace(staging, out)
     return out
+
+
+ORACLE_IMAGE_SIZE = 32  # the side the networks trained on synth scenes read
+
+
+def renderer_params() -> dict:
+    """Everything about the renderer that a network trained on its scenes depends on (the oracle, REPA's synth
+    encoder); stored with their weights and checked on load."""
+    return {
+        "packer_version": PACKER_VERSION,
+        "image_size": ORACLE_IMAGE_SIZE,
+        "shapes": list(SHAPES),
+        "colours": list(COLOURS),
+        "sizes": list(SIZES),
+        "positions": list(POSITIONS),
+        "colour_rgb": {name: list(rgb) for name, rgb in COLOUR_RGB.items()},
+        "size_fraction": SIZE_FRACTION,
+        "jitter_fraction": JITTER_FRACTION,
+        "brightness_range": list(BRIGHTNESS_RANGE),
+    }

@@ -8,61 +8,85 @@ sampling. Two arms evaluated at the same point therefore see byte-identical inpu
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 import webdataset as wds
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 from PIL import Image
 from torch import nn
-from torchvision.utils import make_grid
 
 from maskbench.config import EvalConfig
 from maskbench.data.dataset import DatasetInfo
-from maskbench.data.shards import BadSample, read_manifest, shard_urls
+from maskbench.data.shards import BadSample, shard_urls
 from maskbench.data.synth import scene_from_json
 from maskbench.config import ConfigError
 from maskbench.eval.clip import ClipScorer, check_clip, clip_metrics
 from maskbench.eval.decode import LatentDecoder, resolve_vae
 from maskbench.eval.fid import (DinoV2Features, FeatureStats, InceptionFeatures, bootstrap_counts, bootstrap_frechet,
                                 gather_features, load_stats, reference_stats)
+from maskbench.eval.grid import GRID_FILE, prompt_grid
 from maskbench.eval.oracle import Oracle, load_oracle
-from maskbench.eval.sample import euler_sample, fixed_noise, to_uint8
+from maskbench.eval.sample import euler_sample, fixed_noise, inference_precision, to_uint8
+from maskbench.manifest import read_manifest
 from maskbench.models.build import batch_context
 from maskbench.models.objective import interpolate
 
+T = TypeVar("T")
 
 @dataclass
 class EvalSet:
-    """The first N held-out samples, in shard order."""
-    images: torch.Tensor        # N×C×H×W in [-1, 1] (or latents)
+    """Held-out samples in shard order: the first N, or (one rank's part of them) those at `indices`."""
+    images: torch.Tensor        # K×C×H×W in [-1, 1] (or latents)
     captions: list[str]
     meta: list[dict]
-    text: dict                  # latent data: {"txtemb": N×T×D, "txtmask": N×T}; synth: {}
+    text: dict                  # latent data: {"txtemb": K×T×D, "txtmask": K×T}; synth: {}
+    indices: list[int] | None = None  # the held-out index of each row, ascending; None: 0..K-1
+
+    def rows(self, start: int, stop: int) -> slice:
+        """Where held-out samples start..stop-1 sit in this set; a rank asking for ones it does not hold is a bug."""
+        first = start if self.indices is None else bisect_left(self.indices, start)
+        held = range(len(self.captions)) if self.indices is None else self.indices
+        if list(held[first:first + stop - start]) != list(range(start, stop)):
+            raise IndexError(f"held-out samples {start}..{stop - 1} are not all in this eval set")
+        return slice(first, first + stop - start)
 
     def batch(self, start: int, stop: int) -> dict:
-        return {"image": self.images[start:stop], "caption": self.captions[start:stop],
-                **{name: value[start:stop] for name, value in self.text.items()}}
+        """Held-out samples start..stop-1 (indices into the split, wherever they sit in this set)."""
+        rows = self.rows(start, stop)
+        return {"image": self.images[rows], "caption": self.captions[rows],
+                **{name: value[rows] for name, value in self.text.items()}}
 
 
-def load_eval_set(data: DatasetInfo, n: int) -> EvalSet:
-    """Read the held-out split sequentially (no shuffling, no resampling) and keep the first n samples."""
+def load_eval_set(data: DatasetInfo, n: int, indices: Iterable[int] | None = None) -> EvalSet:
+    """Read the held-out split sequentially (no shuffling, no resampling) up to its first n usable samples, and
+    keep them all or only those at `indices`: a rank holds its own share, not the whole set. Every rank reads
+    (and decodes) the same n samples, so a split short of n fails alike on every rank."""
     pipeline = wds.DataPipeline(wds.SimpleShardList(shard_urls(data.val_dir)), wds.tarfile_to_samples())
-    decoded = []
+    wanted = set(range(n) if indices is None else indices)
+    decoded, kept, usable = [], [], 0
     for sample in pipeline:
         try:
-            decoded.append((data.decode(sample), json.loads(sample["json"]) if "json" in sample else {}))
+            item = data.decode(sample), json.loads(sample["json"]) if "json" in sample else {}
         except BadSample:
             continue
-        if len(decoded) == n:
+        if usable in wanted:
+            decoded.append(item)
+            kept.append(usable)
+        usable += 1
+        if usable == n:
             break
-    if len(decoded) < n:
-        raise ConfigError(f"the held-out split {data.val_dir} has {len(decoded)} usable samples; {n} requested")
+    if usable < n:
+        raise ConfigError(f"the held-out split {data.val_dir} has {usable} usable samples; {n} requested")
     text = {name: torch.stack([d[name] for d, _ in decoded]) for name in ("txtemb", "txtmask") if data.latent}
     return EvalSet(torch.stack([d["image"] for d, _ in decoded]), [d["caption"] for d, _ in decoded],
-                   [meta for _, meta in decoded], text)
+                   [meta for _, meta in decoded], text, None if indices is None else kept)
 
 
 @dataclass
@@ -93,32 +117,82 @@ def squared_errors(model: nn.Module, x0: torch.Tensor, noise: torch.Tensor, t: t
     return (pred.float() - target.float()) ** 2
 
 
-@torch.no_grad()
+def ranks_of(accelerator: Accelerator | None) -> tuple[int, int]:
+    """(rank, world) of an evaluation: the accelerator's processes, or one process."""
+    return (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+
+
+def run_stage(stage: Callable[[], T], accelerator: Accelerator | None) -> T:
+    """This rank's part of an evaluation stage, returned once every rank has finished its own part.
+
+    The ranks meet after each stage whether or not their part raised: a rank that failed sends its error
+    (one line) and raises it; every other rank raises "evaluation failed on rank r: ...". Without this a
+    failure on one rank would leave the others in the next collective until the process group's timeout.
+    """
+    if ranks_of(accelerator)[1] == 1:
+        return stage()
+    value, failure, message = None, None, None
+    try:
+        value = stage()
+    except Exception as err:  # noqa: BLE001 - whatever it is, the other ranks must hear of it before this one ends
+        failure, message = err, f"{type(err).__name__}: {err}".splitlines()[0]
+    failed = [(rank, m) for rank, m in enumerate(gather_object([message])) if m is not None]
+    if failure is not None:
+        raise failure
+    if failed:
+        rank, message = failed[0]
+        raise RuntimeError(f"evaluation failed on rank {rank}: {message}")
+    return value
+
+
+def concat_ranks(part: dict[str, np.ndarray], accelerator: Accelerator | None) -> dict[str, np.ndarray]:
+    """Each rank's per-sample arrays concatenated in rank order, which is sample order (the shares are
+    contiguous, `rank_share`), on every rank. A rank with no samples may send no arrays."""
+    parts = gather_object([part]) if ranks_of(accelerator)[1] > 1 else [part]
+    names = dict.fromkeys(name for rank_part in parts for name in rank_part)
+    return {name: np.concatenate([p[name] for p in parts if name in p]) for name in names}
+
+
 def measure_validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], noise_seed: int,
-                            batch_size: int, device: torch.device, n: int | None = None) -> ValidationLoss:
-    """Unmasked rectified-flow loss at fixed t on the first n held-out samples (default: all) with fixed
-    noise (MLPerf Flux's metric), per t and per sample."""
+                            batch_size: int, device: torch.device, n: int | None = None,
+                            accelerator: Accelerator | None = None) -> ValidationLoss:
+    """Unmasked rectified-flow loss at fixed t on the first n held-out samples (default: all the set holds)
+    with fixed noise (MLPerf Flux's metric), per t and per sample. Under several processes each rank
+    measures its share of the samples (`rank_share`) and the sums and per-sample rows are gathered."""
     n = len(evalset.captions) if n is None else n
-    per_t, per_sample = [], np.zeros((n, len(t_values)))                            # n×T
+    share = rank_share(n, *ranks_of(accelerator))
+    part = run_stage(lambda: _validation_part(model, evalset, share, t_values, noise_seed, batch_size, device),
+                     accelerator)
+    gathered = concat_ranks(part, accelerator)
+    return ValidationLoss((gathered["totals"].sum(axis=0) / n).tolist(), gathered["per_sample"])
+
+
+@torch.no_grad()
+def _validation_part(model: nn.Module, evalset: EvalSet, share: range, t_values: list[float], noise_seed: int,
+                     batch_size: int, device: torch.device) -> dict[str, np.ndarray]:
+    """One rank's share of the validation loss: per t the sum over its samples of each batch's mean loss
+    times its size (1×T), and each sample's loss (S×T)."""
+    totals, per_sample = np.zeros((1, len(t_values))), np.zeros((len(share), len(t_values)))  # 1×T, S×T
     for j, t_value in enumerate(t_values):
-        total = 0.0
-        for start in range(0, n, batch_size):
-            batch = evalset.batch(start, min(start + batch_size, n))
+        for start in range(share.start, share.stop, batch_size):
+            batch = evalset.batch(start, min(start + batch_size, share.stop))
             x0 = batch["image"].to(device)                                          # B×C×H×W
             noise = fixed_noise(range(start, start + len(x0)), tuple(x0.shape[1:]), noise_seed + 7919 * (j + 1))
             t = torch.full((len(x0),), t_value, device=device)                      # B
             context, mask = batch_context(model, batch, device)
-            errors = squared_errors(model, x0, noise.to(device), t, context, mask)  # B×L×P, every token
-            total += errors.mean().item() * len(x0)
-            per_sample[start:start + len(x0), j] = errors.flatten(1).mean(1).double().cpu().numpy()  # B
-        per_t.append(total / n)
-    return ValidationLoss(per_t, per_sample)
+            with inference_precision(device):
+                errors = squared_errors(model, x0, noise.to(device), t, context, mask)  # B×L×P, every token
+            totals[0, j] += errors.mean().item() * len(x0)
+            rows = slice(start - share.start, start - share.start + len(x0))
+            per_sample[rows, j] = errors.flatten(1).mean(1).double().cpu().numpy()  # B
+    return {"totals": totals, "per_sample": per_sample}
 
 
 def validation_loss(model: nn.Module, evalset: EvalSet, t_values: list[float], noise_seed: int,
-                    batch_size: int, device: torch.device, n: int | None = None) -> tuple[float, list[float]]:
+                    batch_size: int, device: torch.device, n: int | None = None,
+                    accelerator: Accelerator | None = None) -> tuple[float, list[float]]:
     """The validation loss and its per-t values (what a `val_loss_within` rule and `maskbench repro` read)."""
-    measured = measure_validation_loss(model, evalset, t_values, noise_seed, batch_size, device, n)
+    measured = measure_validation_loss(model, evalset, t_values, noise_seed, batch_size, device, n, accelerator)
     return measured.value, measured.per_t
 
 
@@ -137,7 +211,8 @@ def generate(model: nn.Module, evalset: EvalSet, indices: range, cfg: EvalConfig
         stop = min(start + cfg.batch_size, indices.stop)
         noise = fixed_noise(range(start, stop), shape, cfg.noise_seed).to(device)   # B×C×H×W
         context, mask = batch_context(model, evalset.batch(start, stop), device)
-        x = euler_sample(model, noise, context, mask, cfg.sampler_steps, cfg.cfg_scale)
+        with inference_precision(device):
+            x = euler_sample(model, noise, context, mask, cfg.sampler_steps, cfg.cfg_scale)
         out.append(to_uint8(decoder(x) if decoder else x))                          # B×H×W×3
     return torch.cat(out)                                                           # N×H×W×3
 
@@ -153,15 +228,15 @@ def rank_share(n: int, rank: int, world: int) -> range:
     return range(n * rank // world, n * (rank + 1) // world)
 
 
-def save_samples(images: torch.Tensor, out_dir: Path, grid_size: int) -> Path:
-    """One PNG per sample (what `maskbench repro` recomputes metrics from) and a grid PNG."""
+def save_samples(images: torch.Tensor, captions: list[str], out_dir: Path, grid_size: int) -> Path:
+    """One PNG per sample (what `maskbench repro` recomputes metrics from) and a grid PNG of the first
+    grid_size samples, enlarged, each with its prompt (`prompt_grid`), for people to judge by eye."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for i, image in enumerate(images.numpy()):
         Image.fromarray(image).save(out_dir / f"{i:05d}.png")
-    grid_images = images[:grid_size].permute(0, 3, 1, 2)                              # G×C×H×W
-    grid = make_grid(grid_images, nrow=int(np.ceil(np.sqrt(len(grid_images)))), padding=1)
-    grid_path = out_dir / "grid.png"
-    Image.fromarray(grid.permute(1, 2, 0).numpy()).save(grid_path)
+    shown = images[:grid_size].numpy()                                               # G×H×W×3
+    grid_path = out_dir / GRID_FILE
+    prompt_grid(shown, captions[:len(shown)]).save(grid_path)  # sample i was drawn for prompt i
     return grid_path
 
 
@@ -178,12 +253,19 @@ class Evaluator:
     real data, FID uses clean-fid's Inception (`eval.inception_weights`) against `maskbench eval
     reference` statistics, optionally FD-DINOv2 (`eval.dinov2_weights`), and CLIP scores come from
     open_clip when `eval.clip_model` is set. Latent samples are decoded with the data's VAE first.
+
+    Under several processes each rank evaluates its share (`rank_share`) of the prompts and of the
+    validation samples, and holds only those held-out samples; per-sample values are gathered in order.
     """
 
-    def __init__(self, data: DatasetInfo, cfg: EvalConfig, device: torch.device, scores: bool = True):
-        """scores=False (ranks other than the main one) loads only what sampling and decoding need."""
-        self.data, self.cfg, self.device = data, cfg, device
-        self.evalset = load_eval_set(data, max(cfg.n_samples, samples_at(cfg, 1.0), cfg.val_samples))
+    def __init__(self, data: DatasetInfo, cfg: EvalConfig, device: torch.device, scores: bool = True,
+                 rank: int = 0, world: int = 1):
+        """scores=False loads only what the validation loss, sampling and decoding need. This is process
+        `rank` of `world`: it holds only its share of the eval set, and `evaluate` must be given those ranks."""
+        self.data, self.cfg, self.device, self.rank, self.world = data, cfg, device, rank, world
+        counts = {cfg.n_samples, samples_at(cfg, 1.0), cfg.val_samples}
+        held = {i for n in counts for i in rank_share(n, rank, world)}  # its shares of the prompts and val samples
+        self.evalset = load_eval_set(data, max(counts), sorted(held))
         self.decoder = LatentDecoder(resolve_vae(data.vae, cfg.vae), device) if data.latent else None
         self.extractor, self.reference, self.oracle, self.clip = None, None, None, None
         self.dinov2, self.dinov2_reference = None, None
@@ -206,55 +288,99 @@ class Evaluator:
         """All metrics of one eval point, each with its sampling error, with the model in eval mode; a flat
         dict of results on the main process (None elsewhere). `point` picks the sample count (`samples_at`).
 
-        Under several processes every rank samples its share of the prompts and the images are
-        gathered in prompt order; the metrics are then computed once, on the main process.
+        Under several processes every rank measures the validation loss of its share of the held-out
+        samples, samples its share of the prompts and scores those images (features, oracle hits, CLIP
+        cosines); the per-sample values and the images are gathered in prompt order, and the main process
+        turns them into metrics and writes the samples. A failure on any rank ends every rank (`run_stage`).
         """
-        cfg, evalset = self.cfg, self.evalset
-        rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+        rank, world = self._ranks(accelerator)
         was_training = model.training
         model.eval()
-        share = rank_share(samples_at(cfg, point), rank, world)
-        images = generate(model, evalset, share, cfg, self.device, self.decoder)
-        if world > 1:
-            images = torch.from_numpy(gather_features(images, accelerator))         # N×H×W×3, prompt order
-        result = None
-        if rank == 0:
-            result = self.loss_metrics(model)
-            result["grid"] = str(save_samples(images, out_dir, cfg.grid_size))
-            result.update(self.image_metrics(images))
-        model.train(was_training)
+        try:
+            result = self.loss_metrics(model, accelerator)
+            share = rank_share(samples_at(self.cfg, point), rank, world)
+            images, scores = run_stage(lambda: self.sample_and_score(model, share), accelerator)
+            if world > 1:
+                images = torch.from_numpy(gather_features(images, accelerator))     # N×H×W×3, prompt order
+            scores = concat_ranks(scores, accelerator)
+            return run_stage(lambda: self._report(result, images, scores, out_dir) if rank == 0 else None,
+                             accelerator)
+        finally:
+            model.train(was_training)
+
+    def _ranks(self, accelerator: Accelerator | None) -> tuple[int, int]:
+        """The accelerator's (rank, world), which must be those this evaluator's eval set was read for."""
+        ranks = ranks_of(accelerator)
+        if ranks != (self.rank, self.world):
+            raise ValueError(f"this evaluator holds rank {self.rank} of {self.world}'s share of the eval set, "
+                             f"not rank {ranks[0]} of {ranks[1]}'s")
+        return ranks
+
+    def _report(self, result: dict, images: torch.Tensor, scores: dict[str, np.ndarray], out_dir: Path) -> dict:
+        """The main process's part: the sample PNGs and grid, and the image metrics of the gathered scores."""
+        result["grid"] = str(save_samples(images, scores["caption"].tolist(), out_dir, self.cfg.grid_size))
+        result.update(self.summarize(len(images), scores))
         return result
 
-    def loss_metrics(self, model: nn.Module) -> dict:
-        """The fixed-t validation loss, its sampling error over held-out samples and its per-t values."""
+    def loss_metrics(self, model: nn.Module, accelerator: Accelerator | None = None) -> dict:
+        """The fixed-t validation loss, its sampling error over held-out samples and its per-t values (on
+        every rank, each measuring its share)."""
         cfg = self.cfg
+        self._ranks(accelerator)
         loss = measure_validation_loss(model, self.evalset, cfg.val_t, cfg.noise_seed, cfg.batch_size, self.device,
-                                       cfg.val_samples)
+                                       cfg.val_samples, accelerator)
         return {"val_loss": loss.value, "val_loss_se": loss.se, "val_loss_per_t": loss.per_t}
 
+    def sample_and_score(self, model: nn.Module, share: range) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        """Images for the prompts at `share` (uint8 S×H×W×3), and their per-sample scores (`scores`) and
+        prompts (`caption`: the grid shows them)."""
+        images = generate(model, self.evalset, share, self.cfg, self.device, self.decoder)
+        captions = np.asarray(self.evalset.captions[self.evalset.rows(share.start, share.stop)], dtype=str)  # S
+        return images, {"caption": captions, **self.scores(images, share)}
+
+    def scores(self, images: torch.Tensor, share: range) -> dict[str, np.ndarray]:
+        """Per-sample values behind the image metrics, for images of the prompts at `share`, under the names
+        of the metrics they make: Fréchet features (S×F), oracle hits (S) and CLIP cosines (S)."""
+        if not len(images):  # a rank with no prompts (fewer prompts than ranks)
+            return {}
+        rows = self.evalset.rows(share.start, share.stop)
+        out = {}
+        if self.extractor is not None:
+            out["fid"] = self.extractor(images)                                     # S×F
+        if self.dinov2 is not None:
+            out["fd_dinov2"] = self.dinov2(images)                                  # S×D
+        if self.oracle is not None:
+            out["align_acc"] = self.oracle.matches(images, [scene_from_json(m) for m in self.evalset.meta[rows]])
+        if self.clip is not None:
+            out["clip"] = self.clip(images, self.evalset.captions[rows])            # S
+        return out
+
     def image_metrics(self, images: torch.Tensor) -> dict:
-        """FID (or oracle FD), alignment and CLIP of generated images for the first N prompts, each with
-        its sampling error (`*_se`; FD and CLIP by bootstrap over the samples, eval.bootstrap_resamples)."""
-        n, resamples = len(images), self.cfg.bootstrap_resamples
+        """The image metrics of generated images for the first N prompts, in one process (`summarize`)."""
+        return self.summarize(len(images), self.scores(images, range(len(images))))
+
+    def summarize(self, n: int, scores: dict[str, np.ndarray]) -> dict:
+        """FID (or oracle FD), alignment and CLIP of the n samples' `scores`, each with its sampling error
+        (`*_se`; FD and CLIP by bootstrap over the samples, eval.bootstrap_resamples)."""
+        resamples = self.cfg.bootstrap_resamples
         counts = bootstrap_counts(n, resamples) if resamples else None                 # R×N, the same for each metric
         out = {}
         if self.extractor is not None:
-            out.update(frechet_metrics("fid", self.extractor(images), self.extractor.name, self.reference, counts),
+            out.update(frechet_metrics("fid", scores["fid"], self.extractor.name, self.reference, counts),
                        fid_features=self.extractor.name, fid_n=n, fid_ref=self.reference.label)
         if self.dinov2 is not None:
-            out.update(frechet_metrics("fd_dinov2", self.dinov2(images), self.dinov2.name, self.dinov2_reference,
+            out.update(frechet_metrics("fd_dinov2", scores["fd_dinov2"], self.dinov2.name, self.dinov2_reference,
                                        counts),
                        fd_dinov2_features=self.dinov2.name)
         if self.oracle is not None:
-            scenes = [scene_from_json(meta) for meta in self.evalset.meta[:n]]
-            accuracy = float(self.oracle.matches(images, scenes).mean())
+            accuracy = float(scores["align_acc"].mean())
             out.update(align_acc=accuracy, align_acc_se=binomial_se(accuracy, n))
         if self.clip is not None:
-            scores = clip_metrics(self.clip(images, self.evalset.captions[:n]), counts)
+            clip = clip_metrics(scores["clip"], counts)
             if self.clip.is_random:  # no weights given: a plumbing check, kept out of the CLIP columns
-                out["clip_random_init"] = scores
+                out["clip_random_init"] = clip
             else:
-                out.update(scores, clip_model=self.clip.model_label)
+                out.update(clip, clip_model=self.clip.model_label)
         return out
 
 

@@ -31,24 +31,7 @@ from maskbench.eval.fid import as_uint8_images
 
 ORACLE_NAME = "oracle-synth-v1"
 WEIGHTS_PATH = Path(__file__).resolve().parents[1] / "assets" / "oracle_synth_v1.safetensors"
-IMAGE_SIZE = 32
 HEAD_CLASSES = {"shape": len(synth.SHAPES) + 1, "colour": len(synth.COLOURS), "size": len(synth.SIZES)}
-
-
-def synth_params() -> dict:
-    """Everything about the renderer that the oracle's weights depend on; stored with the weights."""
-    return {
-        "packer_version": synth.PACKER_VERSION,
-        "image_size": IMAGE_SIZE,
-        "shapes": list(synth.SHAPES),
-        "colours": list(synth.COLOURS),
-        "sizes": list(synth.SIZES),
-        "positions": list(synth.POSITIONS),
-        "colour_rgb": {name: list(rgb) for name, rgb in synth.COLOUR_RGB.items()},
-        "size_fraction": synth.SIZE_FRACTION,
-        "jitter_fraction": synth.JITTER_FRACTION,
-        "brightness_range": list(synth.BRIGHTNESS_RANGE),
-    }
 
 
 class OracleNet(nn.Module):
@@ -86,7 +69,7 @@ def oracle_loss(logits: dict[str, torch.Tensor], labels: dict[str, torch.Tensor]
 def render_batch(rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[synth.Scene]]:
     """n freshly drawn scenes and their images (N×32×32×3 uint8), all from `rng`."""
     scenes = [synth.sample_scene(rng) for _ in range(n)]
-    return np.stack([synth.render(scene, rng, IMAGE_SIZE) for scene in scenes]), scenes
+    return np.stack([synth.render(scene, rng, synth.ORACLE_IMAGE_SIZE) for scene in scenes]), scenes
 
 
 def stack_labels(scenes: Sequence[synth.Scene]) -> dict[str, np.ndarray]:
@@ -136,9 +119,9 @@ class Oracle:
     def _run(self, images: np.ndarray | torch.Tensor) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """-> features N×F and per-cell class indices {name: N×4}, in batches of `batch_size`."""
         images = as_uint8_images(images)
-        if images.shape[1:3] != (IMAGE_SIZE, IMAGE_SIZE):
+        if images.shape[1:3] != (synth.ORACLE_IMAGE_SIZE, synth.ORACLE_IMAGE_SIZE):
             size = f"{images.shape[1]}×{images.shape[2]}"
-            raise ValueError(f"the oracle reads {IMAGE_SIZE}×{IMAGE_SIZE} synth images, got {size}")
+            raise ValueError(f"the oracle reads {synth.ORACLE_IMAGE_SIZE}×{synth.ORACLE_IMAGE_SIZE} synth images, got {size}")
         features, classes = [], {name: [] for name in HEAD_CLASSES}
         for start in range(0, len(images), self.batch_size):
             batch = torch.from_numpy(images[start : start + self.batch_size]).to(self.device)  # B×32×32×3
@@ -175,7 +158,7 @@ class Oracle:
 
 
 def save_oracle(net: OracleNet, path: str | Path, train_args: dict) -> None:
-    metadata = {"fid_features": ORACLE_NAME, "synth": json.dumps(synth_params()), "train": json.dumps(train_args)}
+    metadata = {"fid_features": ORACLE_NAME, "synth": json.dumps(synth.renderer_params()), "train": json.dumps(train_args)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(net.state_dict(), str(path), metadata=metadata)
 
@@ -184,7 +167,7 @@ def load_oracle(path: str | Path = WEIGHTS_PATH, device: str | torch.device = "c
     """The shipped oracle; refuses weights trained for a different synth renderer."""
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
-    if metadata.get("fid_features") != ORACLE_NAME or json.loads(metadata.get("synth", "null")) != synth_params():
+    if metadata.get("fid_features") != ORACLE_NAME or json.loads(metadata.get("synth", "null")) != synth.renderer_params():
         retrain = "python -m maskbench.eval.oracle --train"
         raise ConfigError(f"{path} was trained for other synth parameters: run `{retrain}`")
     net = OracleNet()

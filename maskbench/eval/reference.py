@@ -20,8 +20,9 @@ from PIL import Image, ImageOps
 from tqdm import tqdm
 
 from maskbench.config import ConfigError
-from maskbench.data.shards import BadSample, decode_image, read_manifest, shard_urls
+from maskbench.data.shards import BadSample, decode_image, shard_urls
 from maskbench.eval.fid import DinoV2Features, FeatureExtractor, FeatureStats, InceptionFeatures, reference_stats_many
+from maskbench.manifest import read_manifest
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 

@@ -35,7 +35,7 @@ def batch_context(model: DiT, batch: dict, device: torch.device) -> tuple[torch.
             return batch["txtids"].to(device, non_blocking=True), batch["txtmask"].to(device, non_blocking=True)
         ids, mask = model.text_encoder.tokenize(batch["caption"])
         return ids.to(device), mask.to(device)
-    context = batch["txtemb"].to(device, non_blocking=True)                       # B×T×D
+    context = batch["txtemb"].to(device, non_blocking=True).float()               # B×T×D, cast on the device
     mask = batch.get("txtmask")
     if mask is None:
         mask = torch.ones(context.shape[:2], dtype=torch.bool)

@@ -3,11 +3,14 @@
 The layout follows DiT (Peebles & Xie) with the pieces the masked-training papers add:
 
     patch embed + fixed 2-D sin-cos positions
-    -> mixer blocks on all L tokens      (MicroDiT's deferred masking; mixer_depth 0 = MaskDiT early drop)
+    -> mixer blocks on all L tokens      (MicroDiT's deferred masking; mixer_depth 0 = MaskDiT early drop;
+                                          SPRINT's dense shallow path)
     -> drop to K kept tokens             (gather_tokens, so the Triton kernel can plug in)
-    -> backbone blocks on the K tokens   (optional long skips: block i fuses block depth-1-i, Skip-DiT/U-ViT,
+    -> backbone blocks on the K tokens   (optional long skips: block i fuses block depth-1-i; an odd depth is
+                                          U-ViT's in-blocks, mid block, out-blocks, an even one Skip-DiT's halves;
                                           each skip optionally scaled as ScaleLong does)
-    -> optional decoder blocks on all L tokens, dropped slots refilled with a learned mask token (MaskDiT)
+    -> optional decoder blocks on all L tokens: dropped slots refilled with a learned mask token and positions
+       added (MaskDiT), or SPRINT's fusion of the deep path with the dense one
     -> final layer: a prediction for each kept token (each token, with a decoder).
 
 Every block is adaLN-Zero conditioned on (timestep + pooled text), with self-attention,
@@ -27,7 +30,8 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens
-from maskbench.models.presets import SKIP_GATE_REDUCTION, ModelConfig, SkipScale, check_model
+from maskbench.models.presets import SKIP_GATE_REDUCTION, LongSkip, ModelConfig, SkipInit, SkipScale, check_model
+from maskbench.models.routing import run_routed
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
 
@@ -122,7 +126,7 @@ class FinalLayer(nn.Module):
         return self.linear(modulate(self.norm(x), shift, scale))              # B×N×out_dim
 
 
-class LongSkip(nn.Module):
+class LongSkipFusion(nn.Module):
     """Fuse a long skip into the running tokens: Linear(norm(concat(x, λ·skip))), 2D -> D, replacing x.
 
     concat_ln is Skip-DiT's fusion (a LayerNorm over the 2D concatenation), concat is U-ViT's (no norm),
@@ -132,7 +136,7 @@ class LongSkip(nn.Module):
 
     def __init__(self, width: int, fusion: str, scale: float) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(2 * width, eps=1e-6) if fusion == "concat_ln" else nn.Identity()
+        self.norm = nn.LayerNorm(2 * width, eps=1e-6) if fusion == LongSkip.concat_ln else nn.Identity()
         self.proj = nn.Linear(2 * width, width)
         self.scale = scale
 
@@ -167,6 +171,40 @@ class SkipGate(nn.Module):
         return gate[..., None]                                                    # B×K×1
 
 
+class SparseDenseFusion(nn.Module):
+    """SPRINT's sparse-dense residual fusion (snap-research/Sprint src/models/sit.py 625-656): the deep path's
+    kept tokens go back to their slots on the L-token grid, every other slot (and, with path drop, every slot of
+    a sample) holds a fixed mask token, and Linear(cat[deep, dense], 2D -> D) fuses them with the dense shallow
+    path, the mixer's output on all L tokens, which carries every position the deep path dropped.
+
+    The mask token is fixed: a buffer drawn N(0, 0.02²) at init (sit.py 420, 509: requires_grad=False), so no
+    phase leaves a parameter without a gradient and `trainable: all` cannot make it learned.
+    """
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("mask_token", torch.zeros(width))
+        self.proj = nn.Linear(2 * width, width)
+
+    def forward(self, deep: torch.Tensor, dense: torch.Tensor, keep_idx: torch.Tensor | None,
+                drop_path: torch.Tensor | None, kernels: str) -> torch.Tensor:
+        """deep B×K×D (B×L×D unmasked), dense B×L×D, keep_idx B×K or None, drop_path B bool or None -> B×L×D."""
+        if keep_idx is not None:
+            deep = scatter_tokens(deep, keep_idx, dense.shape[1], self.mask_token, impl=kernels)  # B×L×D
+        if drop_path is not None:
+            deep = torch.where(drop_path[:, None, None], self.mask_token.to(deep.dtype), deep)  # B×L×D
+        return self.proj(torch.cat([deep, dense], dim=-1))                                     # B×L×D
+
+
+def draw_path_drop(batch: int, cfg: ModelConfig, generator: torch.Generator,
+                   device: torch.device | str | None = None) -> torch.Tensor | None:
+    """B bool, the training samples whose deep path SPRINT drops (sit.py 649-652: each with chance 0.1 in its
+    config), from their own generator so no other draw of the step moves; None when the model has no path drop."""
+    if not cfg.path_drop:
+        return None
+    return torch.rand(batch, generator=generator, device=device) < cfg.path_drop                # B
+
+
 def idle_parameters(cfg: ModelConfig, mask_ratio: float) -> list[str]:
     """The parameters a training step at `mask_ratio` gives no gradient.
 
@@ -174,14 +212,17 @@ def idle_parameters(cfg: ModelConfig, mask_ratio: float) -> list[str]:
     (`find_unused_parameters`), or it waits for that gradient and fails at the next step;
     `tests/test_distributed.py` checks this list against a real backward for every shipped arm.
     """
-    return ["mask_token"] if cfg.decoder_depth and mask_ratio == 0 else []
+    return ["mask_token"] if cfg.decoder_depth and not cfg.sparse_fusion and mask_ratio == 0 else []
 
 
 def long_skip_pairs(depth: int) -> list[tuple[int, int]]:
     """(block i, the block depth-1-i whose output it fuses) for every i in the second half, innermost first.
 
-    Only pairs with depth-1-i < i: with an odd depth the middle block would fuse itself, so it has none
-    (as U-ViT's mid block).
+    Only pairs with depth-1-i < i. An odd depth is U-ViT's layout (sail-sg/ScaleLong libs/uvit.py 182-196,
+    240-263): (depth-1)/2 in-blocks push their outputs, a mid block fuses nothing, and out-block j pops in-block
+    (depth-3)/2-j's, so every skip crosses the mid block. An even depth is Skip-DiT's (class-to-image/models.py
+    280-296): the first block of the second half fuses the output of the block just before it, which is the
+    running tokens themselves, so the long-skip comparisons run at an odd depth (`tiny_deep`).
     """
     return [(i, depth - 1 - i) for i in range(depth) if depth - 1 - i < i]
 
@@ -228,13 +269,15 @@ class DiT(nn.Module):
         self.null_context = nn.Parameter(torch.zeros(cfg.width))
         self.mixer = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.mixer_depth))
         self.blocks = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
-        pairs = long_skip_pairs(cfg.depth) if cfg.long_skip != "none" else []
-        self.long_skips = nn.ModuleDict({str(i): LongSkip(cfg.width, cfg.long_skip, scale)
+        pairs = long_skip_pairs(cfg.depth) if cfg.long_skip != LongSkip.none else []
+        self.long_skips = nn.ModuleDict({str(i): LongSkipFusion(cfg.width, cfg.long_skip, scale)
                                          for (i, _), scale in zip(pairs, skip_scales(cfg))})  # by fusing block
         gates = {SkipScale.learned_shared: 1, SkipScale.learned_per_skip: len(pairs)}.get(cfg.skip_scale, 0)
         self.long_skip_gates = nn.ModuleList(SkipGate(self.seq_len) for _ in range(gates))  # ScaleLong's LS
         self.decoder = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
-        self.mask_token = nn.Parameter(torch.zeros(cfg.width)) if cfg.decoder_depth else None
+        learned_mask_token = cfg.decoder_depth and not cfg.sparse_fusion  # MaskDiT's; SPRINT's is fixed
+        self.mask_token = nn.Parameter(torch.zeros(cfg.width)) if learned_mask_token else None
+        self.sparse_fusion = SparseDenseFusion(cfg.width) if cfg.sparse_fusion else None
         self.final_layer = FinalLayer(cfg.width, cfg.patch_size ** 2 * in_channels)
         self.initialize_weights()
 
@@ -258,6 +301,8 @@ class DiT(nn.Module):
         nn.init.normal_(self.null_context, std=0.02)
         if self.mask_token is not None:
             nn.init.normal_(self.mask_token, std=0.02)
+        if self.sparse_fusion is not None:
+            nn.init.normal_(self.sparse_fusion.mask_token, std=0.02)
         blocks = [*self.mixer, *self.blocks, *self.decoder, self.final_layer]
         modulations = [block.adaLN_modulation[-1] for block in blocks]
         for layer in [*modulations, self.final_layer.linear]:
@@ -265,22 +310,27 @@ class DiT(nn.Module):
             nn.init.zeros_(layer.bias)
         self.init_skips(self.cfg.skip_init)
 
-    def init_skips(self, how: str) -> None:
+    def init_skips(self, how: SkipInit) -> None:
         """Start the long-skip fusion layers as `model.skip_init` says (last, so no other init moves).
 
         dit keeps DiT's xavier init above. skipdit is what Skip-DiT's layers get: its `initialize_weights`
-        runs before they are built (class-to-image/models.py), so nn.Linear's and nn.LayerNorm's own
-        defaults. identity is the documented choice for converting a trained DiT: the projection reads
+        runs before they are built (class-to-image/models.py 201-213), so nn.Linear's and nn.LayerNorm's own
+        defaults. uvit is U-ViT's `_init_weights` (ScaleLong libs/uvit.py 204, 214-221): trunc_normal(0.02)
+        weights, zero bias. identity is the documented choice for converting a trained DiT: the projection reads
         the running half of the concatenation through an identity block (weight [I | 0], bias 0), so with
         `concat` fusion the converted model starts exactly as the source; with `concat_ln` it starts with
         the running tokens normalised by the concatenation's statistics (near, not at, the identity).
         """
+        how = SkipInit(how)  # an unknown name raises here, before any layer moves
         for skip in self.long_skips.values():
-            if how == "skipdit":
+            if how == SkipInit.skipdit:
                 skip.proj.reset_parameters()
                 if isinstance(skip.norm, nn.LayerNorm):
                     skip.norm.reset_parameters()
-            elif how == "identity":
+            elif how == SkipInit.uvit:
+                nn.init.trunc_normal_(skip.proj.weight, std=0.02)  # timm's, as U-ViT's: cut at ±2 absolute
+                nn.init.zeros_(skip.proj.bias)
+            elif how == SkipInit.identity:
                 width = skip.proj.out_features
                 with torch.no_grad():
                     skip.proj.weight.zero_()
@@ -307,30 +357,52 @@ class DiT(nn.Module):
         return tokens, context_mask | drop                                          # B×T
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor,
-                keep_idx: torch.Tensor | None = None, drop_context: torch.Tensor | None = None) -> torch.Tensor:
+                keep_idx: torch.Tensor | None = None, drop_context: torch.Tensor | None = None,
+                drop_path: torch.Tensor | None = None, span_idx: torch.Tensor | None = None) -> torch.Tensor:
         """x_t B×C×H×W (native, or demoted to fewer patches), t B in [0, 1], keep_idx B×K sorted
-        (None = all L) -> B×K×(p·p·C) for the kept tokens, or B×L×(p·p·C) with decoder blocks."""
-        self._check_inputs(x, t, context_mask, keep_idx)
+        (None = all L), drop_path B bool (SPRINT's path drop, `draw_path_drop`; training only), span_idx B×R
+        sorted positions among the backbone's K tokens (TREAD's route, `draw_route`; training only)
+        -> B×K×(p·p·C) for the kept tokens, or B×L×(p·p·C) with decoder blocks."""
+        self._check_inputs(x, t, context_mask, keep_idx, drop_path)
         ctx, ctx_mask = self.encode_context(context, context_mask, drop_context)       # B×T×D, B×T
         c = self.t_embedder(t) + self.text_pool(masked_mean(ctx, ctx_mask))            # B×D
         tokens = self.x_embedder(x)                                                    # B×L×D
         pos = self.positions(x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)  # L×D
+        dense = None                                                                   # the mixer's B×L×D output
         if keep_idx is not None and self.cfg.mixer_depth == 0:
             tokens = gather_tokens(tokens, keep_idx, pos, impl=self.cfg.kernels)      # B×K×D, +pos fused
         else:
             tokens = tokens + pos                                                      # B×L×D
             for block in self.mixer:
                 tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
+            dense = tokens
             if keep_idx is not None:
                 tokens = gather_tokens(tokens, keep_idx, impl=self.cfg.kernels)        # B×K×D
-        tokens = self.backbone(tokens, c, ctx, ctx_mask, keep_idx)                     # B×K×D
+        if span_idx is None:
+            tokens = self.backbone(tokens, c, ctx, ctx_mask, keep_idx)                 # B×K×D
+        else:  # TREAD: the routed span's blocks run on the span_idx tokens alone (`models/routing.py`)
+            tokens = run_routed(self.blocks, tokens, span_idx, self.cfg,
+                                lambda block, x: block(x, c, ctx, ctx_mask))                # B×K×D
         if self.decoder:
-            if keep_idx is not None:
-                tokens = scatter_tokens(tokens, keep_idx, pos.shape[0], self.mask_token, pos,
-                                        impl=self.cfg.kernels)                         # B×L×D, mask token + pos
+            tokens = self.decoder_input(tokens, dense, pos, keep_idx, drop_path)       # B×L×D
             for block in self.decoder:
                 tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
         return self.final_layer(tokens, c)                                             # B×K×(p·p·C) or B×L×…
+
+    def decoder_input(self, tokens: torch.Tensor, dense: torch.Tensor | None, pos: torch.Tensor,
+                      keep_idx: torch.Tensor | None, drop_path: torch.Tensor | None) -> torch.Tensor:
+        """The backbone's B×K×D tokens back on all L slots for the decoder blocks (B×L×D).
+
+        SPRINT: fused with the dense path (`SparseDenseFusion`). MaskDiT: dropped slots hold the learned mask
+        token, and every token, kept or not, gets the positions again (Anima-Lab/MaskDiT models/maskdit.py
+        539-545: `decoder_pos_embed` is added after the refill, at any mask ratio).
+        """
+        if self.sparse_fusion is not None:
+            return self.sparse_fusion(tokens, dense, keep_idx, drop_path, self.cfg.kernels)  # B×L×D
+        if keep_idx is not None:
+            tokens = scatter_tokens(tokens, keep_idx, pos.shape[0], self.mask_token,
+                                    impl=self.cfg.kernels)                             # B×L×D
+        return tokens + pos                                                            # B×L×D
 
     def backbone(self, tokens: torch.Tensor, c: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor,
                  keep_idx: torch.Tensor | None) -> torch.Tensor:
@@ -387,7 +459,7 @@ class DiT(nn.Module):
         return x.reshape(B, C, h * p, w * p)                        # B×C×H×W
 
     def _check_inputs(self, x: torch.Tensor, t: torch.Tensor, context_mask: torch.Tensor,
-                      keep_idx: torch.Tensor | None) -> None:
+                      keep_idx: torch.Tensor | None, drop_path: torch.Tensor | None) -> None:
         B = x.shape[0]
         (h, w), p = self.grid, self.patch_size
         if x.ndim != 4 or x.shape[1] != self.in_channels or not _fits_grid(x.shape[-2:], p, (h, w)):
@@ -402,6 +474,9 @@ class DiT(nn.Module):
                              f"token grid; got a downscaled input {tuple(x.shape)}")
         if keep_idx is not None and (keep_idx.ndim != 2 or keep_idx.shape[0] != B or keep_idx.shape[1] > seq_len):
             raise ValueError(f"expected keep_idx {B}×K with K <= {seq_len}, got {tuple(keep_idx.shape)}")
+        if drop_path is not None and (self.sparse_fusion is None or drop_path.shape != (B,)):
+            raise ValueError(f"drop_path (B bool) drops SPRINT's deep path: it needs model.sparse_fusion and shape "
+                             f"({B},), got {tuple(drop_path.shape)}")
 
 
 def _fits_grid(size: torch.Size, patch: int, grid: tuple[int, int]) -> bool:

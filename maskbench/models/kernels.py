@@ -13,6 +13,14 @@ The Triton path does each direction in one pass over the rows, with backward ker
   samples. It reads the inverse map instead of scattering with atomics, so the gradient is
   deterministic (a fixed summation order: `maskbench repro` compares runs).
 
+Each launcher is a custom op (`maskbench::gather_rows`, `restore_rows`, `batch_sum`) with a fake
+(shape-only) implementation, and the first two carry their backward (`register_autograd`): torch.compile
+sees one opaque call per kernel, never Triton's own Python, so the masked forward and backward trace as
+one graph. Not `torch.library.triton_op`: under TRITON_INTERPRET=1 `wrap_triton` hands back the
+interpreted kernel itself (torch/_library/triton.py), and torch.compile of such an op fails on a CPU
+("RuntimeError when making fake tensor call", torch 2.14), so it could not be tested here; the opaque
+op runs the same way on both devices (Inductor cannot fuse into it; the kernels are single passes).
+
 Rows keep the dtype rules of the eager expressions (`x + pos` promotes); keep_idx rows must hold
 unique positions (a random permutation prefix), which every masking scheme here produces.
 """
@@ -20,6 +28,7 @@ unique positions (a random permutation prefix), which every masking scheme here 
 from __future__ import annotations
 
 import functools
+import logging
 from types import SimpleNamespace
 
 import torch
@@ -32,13 +41,20 @@ except ImportError:  # triton is optional: the torch path needs none of it
 
 IMPLS = ("auto", "triton", "torch")
 
+_unusable = ("triton does not import" if triton is None else
+             f"triton {triton.__version__} has no triton.knobs" if not hasattr(triton, "knobs") else None)
+if _unusable:
+    triton = tl = None  # a Triton without triton.knobs (which reads TRITON_INTERPRET here) is as good as none
+    if torch.cuda.is_available():  # once per process, where "auto" would have picked the kernels
+        logging.getLogger(__name__).warning(f"maskbench: {_unusable}; token drop/restore use the torch path")
+
 
 def gather_tokens(x: torch.Tensor, keep_idx: torch.Tensor, pos: torch.Tensor | None = None,
                   impl: str = "auto") -> torch.Tensor:
     """Kept rows of x (B×L×D) at keep_idx (B×K), plus pos[keep_idx] (pos: L×D) if given -> B×K×D."""
     _check(x, keep_idx, x.shape[1], pos)
     if _use_triton(x, impl):
-        return _Drop.apply(x, keep_idx, pos)
+        return _gather_rows(x, keep_idx, pos, _result_dtype(x, pos))                         # B×K×D
     index = keep_idx.unsqueeze(-1).expand(-1, -1, x.shape[-1])      # B×K×D view, no copy
     out = torch.gather(x, 1, index)                                 # B×K×D
     if pos is not None:
@@ -56,7 +72,8 @@ def scatter_tokens(x_kept: torch.Tensor, keep_idx: torch.Tensor, seq_len: int, f
     if fill.numel() != D:
         raise ValueError(f"fill must hold D={D} values (the mask token), got shape {tuple(fill.shape)}")
     if _use_triton(x_kept, impl):
-        return _Restore.apply(x_kept, keep_idx, fill.reshape(D), pos, seq_len)
+        return _restore_rows(x_kept, keep_idx, _inverse_index(keep_idx, seq_len), fill.reshape(D), pos,
+                             _result_dtype(x_kept, fill, pos))                                # B×L×D
     dtype = _result_dtype(x_kept, fill, pos)
     out = fill.to(dtype).expand(B, seq_len, D)                       # B×L×D view
     if pos is not None:
@@ -66,7 +83,7 @@ def scatter_tokens(x_kept: torch.Tensor, keep_idx: torch.Tensor, seq_len: int, f
 
 
 def triton_available() -> bool:
-    """Whether the Triton path can run at all (the package imports)."""
+    """Whether the Triton path can run at all (the package imports and has triton.knobs)."""
     return triton is not None
 
 
@@ -82,7 +99,8 @@ def _check(x: torch.Tensor, keep_idx: torch.Tensor, seq_len: int, pos: torch.Ten
 
 
 def _use_triton(x: torch.Tensor, impl: str) -> bool:
-    """auto: Triton on CUDA when it imports; "triton" on CPU only under the interpreter."""
+    """auto: Triton on CUDA when it imports; "triton" on CPU only under the interpreter (`_kernels` checks,
+    when the op runs: torch.compile traces this function, and reading triton.knobs would break its graph)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "torch":
@@ -91,8 +109,6 @@ def _use_triton(x: torch.Tensor, impl: str) -> bool:
         return x.is_cuda and triton_available()
     if not triton_available():
         raise ValueError("impl='triton' needs the triton package; use impl='torch' or 'auto'")
-    if not x.is_cuda and not triton.knobs.runtime.interpret:
-        raise ValueError("impl='triton' on CPU tensors needs TRITON_INTERPRET=1; use impl='torch' or 'auto'")
     return True
 
 
@@ -177,9 +193,12 @@ def _batch_sum_kernel(src_ptr, inv_ptr, out_ptr, B, L, D, stride_sb, stride_sr,
     tl.store(out_ptr + (chunk * L + pos_l) * D + cols, acc, mask=in_d)
 
 
-def _kernels() -> SimpleNamespace:
+def _kernels(x: torch.Tensor) -> SimpleNamespace:
     """The jitted kernels for the current mode (TRITON_INTERPRET, read now), decorated once per mode."""
-    return _jit(bool(triton.knobs.runtime.interpret))
+    interpret = bool(triton.knobs.runtime.interpret)
+    if not x.is_cuda and not interpret:
+        raise ValueError("impl='triton' on CPU tensors needs TRITON_INTERPRET=1; use impl='torch' or 'auto'")
+    return _jit(interpret)
 
 
 @functools.cache
@@ -195,6 +214,7 @@ def _launch_params(D: int) -> dict[str, int]:
     return {"BLOCK_D": block, "num_warps": max(1, min(8, block // 256))}
 
 
+@torch.library.custom_op("maskbench::gather_rows", mutates_args=())
 def _gather_rows(x: torch.Tensor, keep_idx: torch.Tensor, pos: torch.Tensor | None,
                  dtype: torch.dtype) -> torch.Tensor:
     """B×K×D rows of x (B×L×D) at keep_idx, plus pos rows; the drop forward and restore's grad_x."""
@@ -202,26 +222,30 @@ def _gather_rows(x: torch.Tensor, keep_idx: torch.Tensor, pos: torch.Tensor | No
     D = x.shape[-1]
     x = _rows(x)
     out = torch.empty(B, K, D, dtype=dtype, device=x.device)                                 # B×K×D
-    _kernels().gather[(B * K,)](
+    _kernels(x).gather[(B * K,)](
         x, keep_idx.contiguous(), pos.contiguous() if pos is not None else x, out, K, D,
         x.stride(0), x.stride(1), HAS_POS=pos is not None, **_launch_params(D))
     return out
 
 
-def _restore_rows(x: torch.Tensor, inv: torch.Tensor, fill: torch.Tensor | None, pos: torch.Tensor | None,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """B×L×D: rows of x (B×K×D) where inv >= 0, fill (+ pos) or zero elsewhere; restore fwd, drop's grad_x."""
+@torch.library.custom_op("maskbench::restore_rows", mutates_args=())
+def _restore_rows(x: torch.Tensor, keep_idx: torch.Tensor, inv: torch.Tensor, fill: torch.Tensor | None,
+                  pos: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """B×L×D: rows of x (B×K×D) where inv >= 0, fill (+ pos) or zero elsewhere; restore fwd, drop's grad_x.
+
+    keep_idx (B×K) is the map inv inverts (`_inverse_index`): the kernel reads inv, the backward keep_idx."""
     B, L = inv.shape
     D = x.shape[-1]
     x = _rows(x)
     out = torch.empty(B, L, D, dtype=dtype, device=x.device)                                 # B×L×D
-    _kernels().restore[(B * L,)](
+    _kernels(x).restore[(B * L,)](
         x, inv, fill.contiguous() if fill is not None else x, pos.contiguous() if pos is not None else x,
         out, L, D, x.stride(0), x.stride(1), HAS_FILL=fill is not None, HAS_POS=pos is not None,
         **_launch_params(D))
     return out
 
 
+@torch.library.custom_op("maskbench::batch_sum", mutates_args=())
 def _batch_sum(src: torch.Tensor, inv: torch.Tensor, kept: bool) -> torch.Tensor:
     """L×D fp32 sums over the batch of the rows each position received (kept) or was filled with (not kept).
 
@@ -234,54 +258,71 @@ def _batch_sum(src: torch.Tensor, inv: torch.Tensor, kept: bool) -> torch.Tensor
     block_b, block_d = min(B, 16), min(triton.next_power_of_2(D), 256)
     chunks = triton.cdiv(B, block_b)
     partial = torch.empty(chunks, L, D, dtype=torch.float32, device=src.device)             # C×L×D
-    _kernels().batch_sum[(L, triton.cdiv(D, block_d), chunks)](
+    _kernels(src).batch_sum[(L, triton.cdiv(D, block_d), chunks)](
         src, inv, partial, B, L, D, src.stride(0), src.stride(1), KEPT=kept, BLOCK_B=block_b,
         BLOCK_D=block_d, num_warps=max(1, block_d // 256))
     return partial.sum(0)                                                                     # L×D
 
 
-class _Drop(torch.autograd.Function):
-    """gather_tokens on Triton: the backward scatters with the restore kernel (fill 0), no atomics."""
+# Shapes only, for tracing (torch.compile runs these on fake tensors instead of launching a kernel).
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, keep_idx: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(keep_idx)
-        ctx.seq_len, ctx.x_dtype = x.shape[1], x.dtype
-        ctx.pos_dtype = pos.dtype if pos is not None else None
-        return _gather_rows(x, keep_idx, pos, _result_dtype(x, pos))                          # B×K×D
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        keep_idx, = ctx.saved_tensors
-        inv = _inverse_index(keep_idx, ctx.seq_len)                                           # B×L
-        grad_x = grad_pos = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _restore_rows(grad_out, inv, None, None, ctx.x_dtype)                    # B×L×D
-        if ctx.needs_input_grad[2]:
-            grad_pos = _batch_sum(grad_out, inv, kept=True).to(ctx.pos_dtype)                 # L×D
-        return grad_x, None, grad_pos
+@_gather_rows.register_fake
+def _gather_rows_shape(x: torch.Tensor, keep_idx: torch.Tensor, pos: torch.Tensor | None,
+                       dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty((*keep_idx.shape, x.shape[-1]), dtype=dtype)                           # B×K×D
 
 
-class _Restore(torch.autograd.Function):
-    """scatter_tokens on Triton: the backward gathers kept rows and sums filled rows over the batch."""
+@_restore_rows.register_fake
+def _restore_rows_shape(x: torch.Tensor, keep_idx: torch.Tensor, inv: torch.Tensor, fill: torch.Tensor | None,
+                        pos: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty((*inv.shape, x.shape[-1]), dtype=dtype)                                # B×L×D
 
-    @staticmethod
-    def forward(ctx, x_kept: torch.Tensor, keep_idx: torch.Tensor, fill: torch.Tensor,
-                pos: torch.Tensor | None, seq_len: int) -> torch.Tensor:
-        inv = _inverse_index(keep_idx, seq_len)                                               # B×L
-        ctx.save_for_backward(keep_idx, inv)
-        ctx.dtypes = (x_kept.dtype, fill.dtype, pos.dtype if pos is not None else None)
-        return _restore_rows(x_kept, inv, fill, pos, _result_dtype(x_kept, fill, pos))        # B×L×D
 
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        keep_idx, inv = ctx.saved_tensors
-        x_dtype, fill_dtype, pos_dtype = ctx.dtypes
-        grad_x = grad_fill = grad_pos = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _gather_rows(grad_out, keep_idx, None, x_dtype)                          # B×K×D
-        if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-            filled = _batch_sum(grad_out, inv, kept=False)                                    # L×D fp32
-            grad_fill = filled.sum(0).to(fill_dtype) if ctx.needs_input_grad[2] else None     # D
-            grad_pos = filled.to(pos_dtype) if ctx.needs_input_grad[3] else None              # L×D
-        return grad_x, None, grad_fill, grad_pos, None
+@_batch_sum.register_fake
+def _batch_sum_shape(src: torch.Tensor, inv: torch.Tensor, kept: bool) -> torch.Tensor:
+    return src.new_empty((inv.shape[1], src.shape[-1]), dtype=torch.float32)                 # L×D
+
+
+# Backward: each direction's gradient is the other direction's kernel (and the batch sums), no atomics.
+
+def _save_gather(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    x, keep_idx, pos, _ = inputs
+    ctx.save_for_backward(keep_idx)
+    ctx.seq_len, ctx.x_dtype = x.shape[1], x.dtype
+    ctx.pos_dtype = pos.dtype if pos is not None else None
+
+
+def _gather_rows_backward(ctx, grad_out: torch.Tensor) -> tuple:
+    """gather_tokens' backward: the restore kernel scatters grad_out back (fill 0), grad_pos sums it."""
+    keep_idx, = ctx.saved_tensors
+    inv = _inverse_index(keep_idx, ctx.seq_len)                                               # B×L
+    grad_x = grad_pos = None
+    if ctx.needs_input_grad[0]:
+        grad_x = _restore_rows(grad_out, keep_idx, inv, None, None, ctx.x_dtype)              # B×L×D
+    if ctx.needs_input_grad[2]:
+        grad_pos = _batch_sum(grad_out, inv, True).to(ctx.pos_dtype)                          # L×D
+    return grad_x, None, grad_pos, None
+
+
+def _save_restore(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    x, keep_idx, inv, fill, pos, _ = inputs
+    ctx.save_for_backward(keep_idx, inv)
+    ctx.dtypes = (x.dtype, fill.dtype if fill is not None else None, pos.dtype if pos is not None else None)
+
+
+def _restore_rows_backward(ctx, grad_out: torch.Tensor) -> tuple:
+    """scatter_tokens' backward: the gather kernel takes the kept rows, the batch sums the filled ones."""
+    keep_idx, inv = ctx.saved_tensors
+    x_dtype, fill_dtype, pos_dtype = ctx.dtypes
+    grad_x = grad_fill = grad_pos = None
+    if ctx.needs_input_grad[0]:
+        grad_x = _gather_rows(grad_out, keep_idx, None, x_dtype)                              # B×K×D
+    if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
+        filled = _batch_sum(grad_out, inv, False)                                             # L×D fp32
+        grad_fill = filled.sum(0).to(fill_dtype) if ctx.needs_input_grad[3] else None         # D
+        grad_pos = filled.to(pos_dtype) if ctx.needs_input_grad[4] else None                  # L×D
+    return grad_x, None, None, grad_fill, grad_pos, None
+
+
+_gather_rows.register_autograd(_gather_rows_backward, setup_context=_save_gather)
+_restore_rows.register_autograd(_restore_rows_backward, setup_context=_save_restore)

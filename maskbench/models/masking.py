@@ -31,8 +31,9 @@ def random_keep_idx(batch: int, seq_len: int, mask_ratio: float, generator: torc
                     structured: bool = False) -> torch.Tensor | None:
     """B×K sorted kept-token indices, independently random per sample; None at mask ratio 0.
 
-    The random draw happens on the generator's device (CPU by default) and is then moved to
-    `device`, so a seeded run keeps the same masks whatever accelerator trains it.
+    The random draw happens on the generator's device (CPU by default; the trainer's "mask" generator
+    is a CPU one) and is then moved to `device`, so a seeded run keeps the same masks whatever
+    accelerator trains it.
     structured=True (SPRINT) keeps one random token in every 2×2 group of the (h, w) token grid,
     which spreads kept tokens evenly; it exists only for mask ratio 0.75.
     """
@@ -45,7 +46,25 @@ def random_keep_idx(batch: int, seq_len: int, mask_ratio: float, generator: torc
     else:
         noise = torch.rand(batch, seq_len, generator=generator, device=rng_device)     # B×L
         keep = noise.argsort(dim=1)[:, :keep_count(seq_len, mask_ratio)]               # B×K
-    return keep.sort(dim=1).values.to(device)                                          # B×K ascending
+    return _to_device(keep.sort(dim=1).values, device)                                 # B×K ascending
+
+
+def drop_idx(keep_idx: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """B×(L−K) ascending indices of the tokens keep_idx leaves out.
+
+    A fixed count per sample, so a loss on the dropped tokens gathers them (no boolean mask: indexing with
+    one waits for the device to count its True values, and gives a shape torch.compile cannot know)."""
+    B, K = keep_idx.shape
+    dropped = torch.ones(B, seq_len, dtype=torch.bool, device=keep_idx.device).scatter_(1, keep_idx, False)  # B×L
+    return dropped.byte().argsort(dim=1, descending=True, stable=True)[:, :seq_len - K]     # B×(L−K)
+
+
+def _to_device(keep: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """keep (drawn on CPU) on `device`; to a GPU from pinned memory with non_blocking=True, a copy
+    "asynchronous with respect to the host" (`Tensor.cuda`'s docs), so the step does not wait for it."""
+    if device is None or keep.device.type != "cpu" or torch.device(device).type != "cuda":
+        return keep.to(device)
+    return keep.pin_memory().to(device, non_blocking=True)
 
 
 def _structured_keep_idx(batch: int, seq_len: int, mask_ratio: float, grid: tuple[int, int] | None,

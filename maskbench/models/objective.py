@@ -17,6 +17,7 @@ from maskbench.config import DemoteRoute
 from maskbench.data.demote import demoted_size, ratio_key, resize
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
+from maskbench.models.masking import drop_idx
 
 
 def sample_t(batch: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -83,7 +84,8 @@ def route_choice(t: torch.Tensor, routes: Sequence[DemoteRoute], gate: str) -> t
     choice = torch.full(t.shape, -1, dtype=torch.long, device=t.device)               # B
     for index, route in reversed(list(enumerate(routes))):                            # the first match wins
         inside = in_window(t, route.t)                                                # B
-        choice[inside.all().expand_as(inside) if gate == "batch" else inside] = index
+        take = inside.all().expand_as(inside) if gate == "batch" else inside          # B
+        choice = torch.where(take, index, choice)  # not choice[take] = index: a boolean index syncs the host
     return choice
 
 
@@ -97,29 +99,33 @@ def mae_target(x_t_tokens: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
               context_mask: torch.Tensor, keep_idx: torch.Tensor | None = None,
               drop_context: torch.Tensor | None = None, mae_weight: float = 0.0,
-              forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+              forward: Callable[..., torch.Tensor] | None = None, span_idx: torch.Tensor | None = None,
+              drop_path: torch.Tensor | None = None) -> torch.Tensor:
     """The training loss of one batch: velocity MSE on the kept tokens (+ MaskDiT's MAE on the masked ones).
 
     x0 and noise may be at a lower resolution than the model's native one (downscaled steps); the
     model adapts its positions. A model with decoder blocks predicts every token; the velocity loss
     still reads the kept ones only, and `mae_weight` adds the MAE loss on the dropped ones.
     `forward` is what runs the model (a compiled or DDP-wrapped copy of it); default: `model` itself.
+    `span_idx` is TREAD's route (`models/routing.py`): it changes which blocks a token passes, not which
+    tokens the model predicts. A model with SPRINT's sparse-dense fusion predicts every token and is scored
+    on every token (SPRINT's flow_matching.py 136-137); `drop_path` (B bool) drops its deep path per sample.
     """
     x_t = interpolate(x0, noise, t)                                                   # B×C×H×W
     target = model.patchify(noise - x0)                                               # B×L×P
     run = model if forward is None else forward  # not `forward or model`: a compiled module has no truth value
-    pred = run(x_t, t, context, context_mask, keep_idx, drop_context)               # B×K×P, or B×L×P (decoder)
-    if keep_idx is None:
+    pred = run(x_t, t, context, context_mask, keep_idx, drop_context, drop_path, span_idx=span_idx)  # B×K×P or B×L×P
+    if keep_idx is None or model.cfg.sparse_fusion:
         return velocity_loss(pred, target)
     loss = velocity_loss(gather_tokens(pred, keep_idx, impl="torch") if model.cfg.decoder_depth else pred,
                          gather_tokens(target, keep_idx, impl="torch"))
     if mae_weight > 0:
         if not model.cfg.decoder_depth:
             raise ValueError("the MAE loss needs predictions for dropped tokens: set model.decoder_depth > 0")
-        dropped = torch.ones(target.shape[:2], dtype=torch.bool, device=target.device)  # B×L
-        dropped[torch.arange(len(keep_idx), device=keep_idx.device)[:, None], keep_idx] = False
+        dropped = drop_idx(keep_idx, target.shape[1])                                 # B×(L−K)
         mae = mae_target(model.patchify(x_t))                                         # B×L×P
-        loss = loss + mae_weight * velocity_loss(pred[dropped], mae[dropped])         # over dropped tokens
+        loss = loss + mae_weight * velocity_loss(gather_tokens(pred, dropped, impl="torch"),
+                                                 gather_tokens(mae, dropped, impl="torch"))  # B×(L−K)×P each
     return loss
 
 
@@ -127,30 +133,65 @@ def windowed_flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: tor
                        context_mask: torch.Tensor, keep_idx: torch.Tensor | None, drop_context: torch.Tensor,
                        routes: Sequence[DemoteRoute] = (), gate: str = "sample", mae_weight: float = 0.0,
                        forward: Callable[..., torch.Tensor] | None = None, generator: torch.Generator | None = None,
-                       demoted: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+                       demoted: Mapping[str, torch.Tensor] | None = None,
+                       span_idx: torch.Tensor | None = None, drop_path: torch.Tensor | None = None,
+                       repa: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None) -> torch.Tensor:
     """`flow_loss`, except that the samples `route_choice` sends to a route train at its smaller size.
 
     The batch splits by route (every sample keeps its own t, noise and caption dropout) and the loss is
     the mean over samples of every part. `demoted` holds latent data's demoted x0 per ratio (B×C×s×s,
-    keyed `ratio_key`); `generator` draws the noise of non-integer ratios. Token dropping and demotion
-    are separate arms, so the split runs at mask 0 (the config refuses both at once).
+    keyed `ratio_key`); `generator` draws the noise of non-integer ratios. t may live on the host (the split
+    is then read without a device sync). Token dropping and demotion are separate arms, so the split runs
+    at mask 0 (the config refuses both at once). `repa(x0, keep_idx)` (`train/repa.py`, native steps only: the
+    config refuses it with routes) adds REPA's λ·alignment loss on the tokens its hook took from this forward.
     """
-    loss = functools.partial(flow_loss, model, mae_weight=mae_weight, forward=forward)
-    choice = route_choice(t, routes, gate)                                            # B
-    if (choice < 0).all():
-        return loss(x0, noise, t, context, context_mask, keep_idx, drop_context)
-    if keep_idx is not None:
-        raise ValueError("downscaled samples train on every token: keep_idx must be None")
+    device = x0.device
+    if not routes:
+        loss = flow_loss(model, x0, noise, t.to(device), context, context_mask, keep_idx, drop_context, mae_weight,
+                         forward, span_idx, drop_path)
+        return loss if repa is None else loss + repa(x0, keep_idx)
+    if repa is not None:
+        raise ValueError("REPA aligns native-resolution tokens: it cannot run with demotion routes")
+    loss = functools.partial(flow_loss, model, mae_weight=mae_weight,
+                             forward=batch_dynamic(model if forward is None else forward))
+    choice = route_choice(t, routes, gate)                                            # B, where t is
+    # How many samples each part holds is data (their t), and every shape of the part follows from it: read
+    # where t is. The trainer keeps t on the host, so this waits on nothing; t on a device would sync here.
+    native, *counts = torch.bincount(choice + 1, minlength=len(routes) + 1).tolist()
+    t = t.to(device, non_blocking=True)                                               # B
+    if native == len(t):
+        return loss(x0, noise, t, context, context_mask, keep_idx, drop_context, span_idx=span_idx,
+                    drop_path=drop_path)
+    if keep_idx is not None or span_idx is not None or drop_path is not None:
+        raise ValueError("downscaled samples train on every token in every block: keep_idx, span_idx and "
+                         "drop_path must be None")
+    # Each part's samples in batch order (a stable sort by route, native first): x0[rows] is x0[choice == r].
+    order = torch.argsort(choice, stable=True).to(device, non_blocking=True)         # B
+    native_rows, *route_rows = order.split([native, *counts])                         # n each
     total = 0.0
-    for index, route in enumerate(routes):
-        part = choice == index                                                        # B
-        if part.any():
-            given = demoted[ratio_key(route.ratio)][part] if demoted is not None else None
-            x0_low, noise_low = demote(x0[part], noise[part], route.ratio, model.patch_size, generator, given)
-            total = total + part.sum() * loss(x0_low, noise_low, t[part], context[part], context_mask[part], None,
-                                              drop_context[part])                   # n×C×s×s inputs
-    full = choice < 0                                                                 # B
-    if full.any():
-        total = total + full.sum() * loss(x0[full], noise[full], t[full], context[full], context_mask[full],
-                                          None, drop_context[full])
+    for route, n, rows in [*zip(routes, counts, route_rows), (None, native, native_rows)]:  # the routes, then native
+        if not n:
+            continue
+        x0_part, noise_part = x0[rows], noise[rows]                                   # n×C×H×W each
+        if route is not None:
+            given = demoted[ratio_key(route.ratio)][rows] if demoted is not None else None
+            x0_part, noise_part = demote(x0_part, noise_part, route.ratio, model.patch_size, generator, given)
+        total = total + n * loss(x0_part, noise_part, t[rows], context[rows], context_mask[rows], None,
+                                 drop_context[rows])
     return total / len(t)
+
+
+def batch_dynamic(run: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`run` with the batch dimension of its tensor inputs marked dynamic for torch.compile.
+
+    A route's part changes size every step; compiled for static shapes, each new size would recompile
+    until Dynamo's recompile limit and then run eagerly. `maybe_mark_dynamic` (not `mark_dynamic`) lets
+    Dynamo still specialise a part of one sample, instead of refusing it: each input size compiles at
+    most two graphs (one sample, and any other count). Marking changes no value.
+    """
+    def marked(*inputs: torch.Tensor | None, **options: torch.Tensor | None) -> torch.Tensor:
+        for x in inputs:
+            if x is not None:
+                torch._dynamo.maybe_mark_dynamic(x, 0)
+        return run(*inputs, **options)
+    return marked

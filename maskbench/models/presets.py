@@ -19,8 +19,9 @@ SkipScale = StrEnum("SkipScale", "none kappa constant learned_shared learned_per
 LEARNED_SKIP_SCALES = (SkipScale.learned_shared, SkipScale.learned_per_skip)
 SKIP_GATE_REDUCTION = 16  # ScaleLong's LS gate: an MLP over the L tokens with L // 16 hidden units
 # The long-skip fusion layers' init (`DiT.init_skips`): dit = xavier like every DiT Linear; skipdit = PyTorch's
-# own Linear/LayerNorm init, as Skip-DiT leaves them; identity = the fused output starts as the running tokens.
-SkipInit = StrEnum("SkipInit", "dit skipdit identity")
+# own Linear/LayerNorm init, as Skip-DiT leaves them; uvit = trunc_normal(0.02) weights and zero bias, as U-ViT
+# (ScaleLong) inits every Linear; identity = the fused output starts as the running tokens.
+SkipInit = StrEnum("SkipInit", "dit skipdit uvit identity")
 
 
 @dataclass
@@ -44,6 +45,12 @@ class ModelConfig:
     skip_kappa: float = 0.5   # ScaleLong's kappa (skip_scale=kappa); its code's default
     skip_init: SkipInit = SkipInit.dit  # how the long-skip fusion layers start (matters most when converting)
     decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
+    sparse_fusion: bool = False  # SPRINT: the decoder reads Linear(cat[deep path refilled with a fixed mask token,
+                                 # the mixer's dense path]) and every token carries loss (needs mixer and decoder)
+    path_drop: float = 0.0    # SPRINT: the chance a training sample's whole deep path is the mask token
+    route_ratio: float = 0.0  # TREAD: the share of the backbone's tokens that bypass the routed span in training
+    route_start: int | None = None  # TREAD: the span's first backbone block; None: the authors' (`route_span`)
+    route_end: int | None = None    # TREAD: its last backbone block, inclusive (their end_layer_idx); None: theirs
 
 
 def tiny() -> ModelConfig: return ModelConfig()
@@ -52,9 +59,10 @@ def tiny() -> ModelConfig: return ModelConfig()
 def micro_xs() -> ModelConfig: return ModelConfig(name="micro_xs", width=64, heads=2, mixer_depth=1)
 def micro_s() -> ModelConfig: return ModelConfig(name="micro_s", mixer_depth=1)
 def micro_m() -> ModelConfig: return ModelConfig(name="micro_m", width=192, depth=6, heads=6, mixer_depth=1)
-# Depth 12 (6 long skips, as ScaleLong's CIFAR-10 U-ViT) at tiny's cost per step: at width 72, 12 blocks cost
-# what tiny's 4 at width 128 do (28.8 GFLOPs per unmasked synth step against 28.5; tests/test_flops.py).
-def tiny_deep() -> ModelConfig: return ModelConfig(name="tiny_deep", depth=12, width=72, heads=4)
+# U-ViT's "depth 12" layout (6 in-blocks, a mid block, 6 out-blocks: 13 blocks and 6 long skips, as ScaleLong's
+# CIFAR-10 U-ViT, sail-sg/ScaleLong libs/uvit.py 182-196) at tiny's cost per step: at width 68, 13 blocks cost
+# 98.4% of what tiny's 4 at width 128 do (tests/test_flops.py).
+def tiny_deep() -> ModelConfig: return ModelConfig(name="tiny_deep", depth=13, width=68, heads=4)
 def dit_s2() -> ModelConfig: return ModelConfig(name="dit_s2", depth=12, width=384, heads=6, patch_size=2)
 def dit_b2() -> ModelConfig: return ModelConfig(name="dit_b2", depth=12, width=768, heads=12, patch_size=2)
 def dit_l2() -> ModelConfig: return ModelConfig(name="dit_l2", depth=24, width=1024, heads=16, patch_size=2)
@@ -70,8 +78,16 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 }
 
 
-LONG_SKIPS = tuple(m.value for m in LongSkip)
-SKIP_SCALES = tuple(m.value for m in SkipScale)
+def route_span(cfg: ModelConfig) -> tuple[int, int]:
+    """(first, last) backbone block of TREAD's routed span, last inclusive: as set, else the authors' span scaled.
+
+    The authors give one span, blocks 2..8 of DiT-B/2's 12 (CompVis/tread configs/model/tread.yaml 10-13): 2
+    dense blocks before it, 3 after. Scaled to model.depth it is round(depth·2/12)..round(depth·9/12) − 1, which
+    is theirs at depth 12, blocks 1..2 of the default 4 (dit_xl2's 28: 5..20).
+    """
+    start = round(cfg.depth * 2 / 12) if cfg.route_start is None else cfg.route_start
+    end = round(cfg.depth * 9 / 12) - 1 if cfg.route_end is None else cfg.route_end
+    return start, end
 
 
 def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
@@ -91,10 +107,13 @@ def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
         raise ValueError(f"model.width={cfg.width} must be divisible by 4 (2-D sin-cos positions)")
     if cfg.width % cfg.heads:
         raise ValueError(f"model.width={cfg.width} is not divisible by model.heads={cfg.heads}")
-    if cfg.long_skip not in {m.value for m in LongSkip} or cfg.skip_scale not in {m.value for m in SkipScale}:
-        raise ValueError(f"model.long_skip must be {'|'.join(LONG_SKIPS)} and model.skip_scale "
-                         f"{'|'.join(SKIP_SCALES)}; got {cfg.long_skip!r}, {cfg.skip_scale!r}")
+    for name, enum in {"long_skip": LongSkip, "skip_scale": SkipScale, "skip_init": SkipInit,
+                       "kernels": Kernels}.items():
+        if getattr(cfg, name) not in {m.value for m in enum}:
+            raise ValueError(f"model.{name} must be {'|'.join(m.value for m in enum)}; got {getattr(cfg, name)!r}")
     _check_long_skip(cfg)
+    _check_sparse_fusion(cfg)
+    _check_routing(cfg)
     if image_size is not None and image_size % cfg.patch_size:
         raise ValueError(f"model.patch_size={cfg.patch_size} does not divide the {image_size}-pixel input")
     if image_size is not None and cfg.skip_scale in LEARNED_SKIP_SCALES \
@@ -113,3 +132,31 @@ def _check_long_skip(cfg: ModelConfig) -> None:
         raise ValueError(f"model.skip_kappa={cfg.skip_kappa:g} does nothing without model.skip_scale=kappa")
     if not 0.0 < cfg.skip_kappa <= 1.0:
         raise ValueError(f"model.skip_kappa must be in (0, 1], got {cfg.skip_kappa:g}")
+
+
+def _check_sparse_fusion(cfg: ModelConfig) -> None:
+    """SPRINT's fusion joins the deep path to a dense shallow one (the mixer) before decoder blocks on every token;
+    path drop replaces that deep path, so it means nothing without the fusion."""
+    if cfg.sparse_fusion and (cfg.mixer_depth < 1 or cfg.decoder_depth < 1):
+        raise ValueError(f"model.sparse_fusion (SPRINT) needs a dense path and decoder blocks: model.mixer_depth and "
+                         f"model.decoder_depth >= 1, got {cfg.mixer_depth}, {cfg.decoder_depth}")
+    if not 0.0 <= cfg.path_drop < 1.0:
+        raise ValueError(f"model.path_drop must be in [0, 1), got {cfg.path_drop:g}")
+    if cfg.path_drop and not cfg.sparse_fusion:
+        raise ValueError(f"model.path_drop={cfg.path_drop:g} drops SPRINT's deep path: set model.sparse_fusion=true")
+
+
+def _check_routing(cfg: ModelConfig) -> None:
+    """TREAD's span must lie within the backbone. A span set without a ratio would route nothing; long skips
+    would join tokens of the span (R of them) to tokens outside it (K), so the two are not combined."""
+    if not 0.0 <= cfg.route_ratio < 1.0:
+        raise ValueError(f"model.route_ratio must be in [0, 1), got {cfg.route_ratio:g}")
+    if not cfg.route_ratio:
+        if cfg.route_start is not None or cfg.route_end is not None:
+            raise ValueError("model.route_start/route_end place TREAD's span: set model.route_ratio > 0")
+        return
+    start, end = route_span(cfg)
+    if not 0 <= start <= end < cfg.depth:
+        raise ValueError(f"model's routed span, blocks {start}..{end}, must lie within its {cfg.depth} backbone blocks")
+    if cfg.long_skip != LongSkip.none:
+        raise ValueError(f"model.route_ratio (TREAD) with model.long_skip={cfg.long_skip} is not built")

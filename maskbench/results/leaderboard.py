@@ -157,7 +157,8 @@ def read_rows(paths: Iterable[str | os.PathLike], on_error: str = "skip") -> lis
 
 
 def _read_file(path: Path, on_error: str) -> list[Row]:
-    """Typed rows of one CSV; see read_rows for the error policy. A file that is not text is bad input."""
+    """Typed rows of one CSV; see read_rows for the error policy. A file that is not text, or not a
+    leaderboard (no schema column in its header), is bad input whatever the policy."""
     try:
         return _read_rows_of(path, on_error)
     except (UnicodeDecodeError, csv.Error) as err:
@@ -171,6 +172,8 @@ def _read_rows_of(path: Path, on_error: str) -> list[Row]:
         header = next(reader, None)
         if header is None:
             return rows
+        if not set(header) & set(COLUMNS):  # not a leaderboard at all, rather than one of another schema
+            raise ValueError(f"{path} is not a leaderboard CSV (its first line names none of its columns)")
         problem = _header_problem(header)
         if problem:
             _report(f"{path}:1: {problem}", on_error)

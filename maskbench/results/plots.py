@@ -1,13 +1,15 @@
-"""Leaderboard plots: FID against GPU-hours and against training FLOPs, one line per arm.
+"""Leaderboard plots: a metric's curve against GPU-hours and against training FLOPs, one line per arm.
 
 Both axes are drawn because they can disagree: a masked step does less arithmetic but not
 proportionally less time (norms, gathers, the optimiser), so an arm can win at equal FLOPs and
-lose at equal wall-clock. The band is each point's 95% confidence interval over seeds.
+lose at equal wall-clock. The error bar is each point's confidence interval over seeds (for one seed,
+from the row's own sampling error: `stats.Summary.eval_only`). `plot_leaderboard` draws FD for
+`maskbench leaderboard --plot`; `group_curves` draws every measured metric per group for a study page.
 """
 
 from __future__ import annotations
 
-import math
+import io
 import os
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,11 +20,14 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on clusters or CI
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.figure import SubFigure
+from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import NullFormatter
 
 from maskbench.results.leaderboard import Row
-from maskbench.results.stats import Summary, summarize
+from maskbench.results.stats import LABELS, Summary, summarize
+
+CURVE_METRICS = ("fid", "val_loss", "align_acc", "clip_score")  # a study page's curves, where measured
+LOG_Y = frozenset({"fid", "val_loss"})  # they fall over orders of magnitude while training
 
 
 def plot_leaderboard(summary_or_rows: Sequence[Summary] | Sequence[Row],
@@ -35,15 +40,14 @@ def plot_leaderboard(summary_or_rows: Sequence[Summary] | Sequence[Row],
     """
     is_rows = bool(summary_or_rows) and isinstance(summary_or_rows[0], dict)
     summary = summarize(summary_or_rows) if is_rows else summary_or_rows
-    groups = _groups(summary)
+    groups = _groups(summary, ("fid",))
     if not groups:
         raise ValueError("nothing to plot: no measured leaderboard row has an FID")
-    arms = sorted({record.arm for records in groups.values() for record in records})
-    colors = {arm: f"C{i % 10}" for i, arm in enumerate(arms)}  # an arm keeps its colour in every group
+    colors = _colors(groups)
     fig = plt.figure(figsize=(11, 4.2 * len(groups)), layout="constrained")
     subfigs = fig.subfigures(len(groups), 1, squeeze=False)[:, 0]
     for subfig, (group, records) in zip(subfigs, groups.items()):
-        _plot_group(subfig, group, records, colors)
+        _plot_group(subfig, group, records, colors, ("fid",))
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -51,50 +55,80 @@ def plot_leaderboard(summary_or_rows: Sequence[Summary] | Sequence[Row],
     return path
 
 
-def _plot_group(subfig: SubFigure, group: tuple, records: list[Summary], colors: dict[str, str]) -> None:
-    """The two panels of one (dataset, model, batch size, budget, source) group, one line per arm."""
+def group_curves(summary: Sequence[Summary], metrics: Sequence[str] = CURVE_METRICS, level: float = 0.95,
+                 dpi: int = 80) -> dict[tuple, bytes]:
+    """One PNG per (dataset, model, batch size, budget, source) group: a row of two panels (GPU-hours, FLOPs)
+    per metric of `metrics` the group measures, one line per arm with its `level` CI as error bars."""
+    groups = _groups(summary, metrics)
+    colors = _colors(groups)
+    pngs = {}
+    for group, records in groups.items():
+        drawn = [m for m in metrics if any(r.metrics[m] is not None for r in records)]
+        fig = plt.figure(figsize=(11, 0.6 + 3.2 * len(drawn)), layout="constrained")
+        _plot_group(fig, group, records, colors, drawn, level)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi)
+        plt.close(fig)
+        pngs[group] = buffer.getvalue()
+    return pngs
+
+
+def _colors(groups: dict[tuple, list[Summary]]) -> dict[str, str]:
+    """An arm keeps its colour in every group."""
+    arms = sorted({record.arm for records in groups.values() for record in records})
+    return {arm: f"C{i % 10}" for i, arm in enumerate(arms)}
+
+
+def _plot_group(fig: Figure | SubFigure, group: tuple, records: list[Summary], colors: dict[str, str],
+                metrics: Sequence[str], level: float = 0.95) -> None:
+    """The panels of one (dataset, model, batch size, budget, source) group: per metric, against GPU-hours
+    and against FLOPs, one line per arm."""
     dataset, model, batch, budget, started_from = group
     start = f" from {started_from}" if started_from else ""
-    subfig.suptitle(f"{dataset} / {model}{start} / batch {batch} / budget {budget:.3g} FLOPs (mean, 95% CI over seeds)")
-    ax_hours, ax_flops = subfig.subplots(1, 2)
+    fig.suptitle(f"{dataset} / {model}{start} / batch {batch} / budget {budget:.3g} FLOPs "
+                 f"(mean, {100 * level:g}% CI over seeds)")
     arms: dict[str, list[Summary]] = defaultdict(list)
     for record in records:
         arms[record.arm].append(record)
-    for arm, curve in arms.items():
-        _draw(ax_hours, curve, "gpu_hours", arm, colors[arm])
-        _draw(ax_flops, curve, "train_flops", arm, colors[arm])
+    for (ax_hours, ax_flops), metric in zip(fig.subplots(len(metrics), 2, squeeze=False), metrics):
+        for arm, curve in arms.items():
+            _draw(ax_hours, curve, metric, "gpu_hours", arm, colors[arm])
+            _draw(ax_flops, curve, metric, "train_flops", arm, colors[arm])
+        ylabel = _ylabel(metric, records[0].fid_features)
+        for ax, xlabel in ((ax_hours, "GPU-hours"), (ax_flops, "training FLOPs (fwd+bwd)")):
+            ax.set(xlabel=xlabel, ylabel=ylabel, yscale="log" if metric in LOG_Y else "linear")
+            ax.grid(alpha=0.3)
+        ax_flops.set_xscale("log")
+        ax_flops.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap within a decade
+        handles = {label: handle for ax in (ax_hours, ax_flops)
+                   for handle, label in zip(*ax.get_legend_handles_labels())}
+        ax_flops.legend(handles.values(), handles.keys(), fontsize="small")
+
+
+def _ylabel(metric: str, fid_features: str) -> str:
+    """FD is Inception FID only in Inception's features (on synth it is the oracle's Fréchet distance)."""
+    if metric != "fid":
+        return LABELS[metric]
     from maskbench.eval.fid import INCEPTION_FEATURES_NAME  # torch: only when a plot is drawn
 
-    features = records[0].fid_features
-    ylabel = "FID (Inception)" if features == INCEPTION_FEATURES_NAME else f"Fréchet distance ({features or '?'})"
-    for ax, xlabel in ((ax_hours, "GPU-hours"), (ax_flops, "training FLOPs (fwd+bwd)")):
-        ax.set(xlabel=xlabel, ylabel=ylabel)
-        ax.grid(alpha=0.3)
-    ax_flops.set_xscale("log")
-    ax_flops.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap within a decade
-    handles = {label: handle for ax in (ax_hours, ax_flops)
-               for handle, label in zip(*ax.get_legend_handles_labels())}
-    ax_flops.legend(handles.values(), handles.keys(), fontsize="small")
+    return "FID (Inception)" if fid_features == INCEPTION_FEATURES_NAME else f"Fréchet distance ({fid_features or '?'})"
 
 
-def _groups(summary: Sequence[Summary]) -> dict[tuple, list[Summary]]:
-    """Measured records with an FID, by (dataset, model, batch size, budget, source) group, in summary order."""
+def _groups(summary: Sequence[Summary], metrics: Sequence[str]) -> dict[tuple, list[Summary]]:
+    """Measured records with a value of any of `metrics`, by (dataset, model, batch size, budget, source)
+    group, in summary order."""
     groups: dict[tuple, list[Summary]] = defaultdict(list)
     for r in summary:
-        if not r.is_reference and r.metrics["fid"] is not None:
-            groups[r.dataset, r.model, r.batch_size, r.budget_flops, r.started_from].append(r)
+        if not r.is_reference and any(r.metrics[m] is not None for m in metrics):
+            groups[r.group].append(r)
     return groups
 
 
-def _draw(ax: Axes, records: list[Summary], x_field: str, label: str, color: str) -> None:
-    """One arm's mean FID line against x_field, with its CI band where seeds give one."""
-    points = sorted((getattr(r, x_field), *r.metrics["fid"])  # (x, mean, half-width)
-                    for r in records if getattr(r, x_field) is not None)
+def _draw(ax: Axes, records: list[Summary], metric: str, x_field: str, label: str, color: str) -> None:
+    """One arm's mean curve of `metric` against x_field, with its CI as error bars where there is one."""
+    points = sorted((getattr(r, x_field), *r.metrics[metric])  # (x, mean, half-width; NaN: no interval)
+                    for r in records if getattr(r, x_field) is not None and r.metrics[metric] is not None)
     if not points:
         return
     xs, means, halves = zip(*points)
-    ax.plot(xs, means, marker="o", color=color, label=label)
-    if any(not math.isnan(h) for h in halves):
-        lower = [m - h for m, h in zip(means, halves)]
-        upper = [m + h for m, h in zip(means, halves)]
-        ax.fill_between(xs, lower, upper, color=color, alpha=0.2, linewidth=0)
+    ax.errorbar(xs, means, yerr=halves, marker="o", markersize=4, capsize=3, color=color, label=label)

@@ -112,14 +112,19 @@ def routes_for(data: DatasetInfo, model: ModelConfig, ratios: tuple[float, ...] 
     return (*MASK_ROUTES, *map(demote_route, ratios), FLOOR, *((ROUNDTRIP,) if data.latent else ()))
 
 
-def load_trained_model(run: RunDir, cfg: RunConfig, data: DatasetInfo, device: torch.device) -> tuple[DiT, Path]:
-    """The run's model with the raw weights of its latest checkpoint, in train mode (no dropout in the DiT)."""
+def latest_checkpoint(run: RunDir) -> Path:
+    """The run's latest checkpoint; a run without one is refused."""
     ckpt = run.latest_checkpoint()
     if ckpt is None:
         raise ConfigError(f"{run.root} has no checkpoint yet; train it first (`maskbench run ...`)")
+    return ckpt
+
+
+def load_trained_model(ckpt: Path, cfg: RunConfig, data: DatasetInfo, device: torch.device) -> DiT:
+    """The run's model with the raw weights of checkpoint `ckpt`, in train mode (no dropout in the DiT)."""
     model = build_model(cfg.model, data)
-    model.load_state_dict(run.raw_weights(ckpt))
-    return model.to(device).train(), ckpt
+    model.load_state_dict(RunDir.raw_weights(ckpt))
+    return model.to(device).train()
 
 
 def probe_batches(cfg: RunConfig, data: DatasetInfo, n: int, batch_size: int, seed: int) -> list[dict]:
@@ -208,13 +213,15 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
                          f"got {bins}, {batches}, {batch_size}")
     run = RunDir(Path(run_dir))
     cfg = load_run_config(run.root)
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
-    routes = routes_for(data, cfg.model, ratios)
+    planned = resolve_dataset(cfg.data, cfg.paths.data, create=False)  # the checks first: nothing generated yet
+    routes = routes_for(planned, cfg.model, ratios)
     for route in routes:
         if route.ratio < 1:
-            data.demoted_size(route.ratio, cfg.model.patch_size)  # refuses a ratio the latents lack, before work
-    model, ckpt = load_trained_model(run, cfg, data, device)
+            planned.demoted_size(route.ratio, cfg.model.patch_size)  # refuses a ratio the latents lack
+    ckpt = latest_checkpoint(run)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = resolve_dataset(cfg.data, cfg.paths.data)  # synth is regenerated identically if deleted
+    model = load_trained_model(ckpt, cfg, data, device)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     groups = group_count(batches, (1 + len(routes)) * params * 4, max_memory_gb)
     data_batches = probe_batches(cfg, data, batches, batch_size, seed)

@@ -27,8 +27,20 @@ def named_blocks(model: DiT) -> list[tuple[str, nn.Module]]:
 
 def skip_norms(model: DiT) -> dict[str, float]:
     """L2 norms of each long-skip fusion layer's weight and bias, keyed `skip.<fusing block>.weight|bias`."""
-    return {f"skip.{index}.{name}": param.detach().float().norm().item()
+    return to_host(_skip_norms(model))
+
+
+def _skip_norms(model: DiT) -> dict[str, torch.Tensor]:
+    """`skip_norms` still on the device."""
+    return {f"skip.{index}.{name}": param.detach().float().norm()
             for index, skip in model.long_skips.items() for name, param in skip.proj.named_parameters()}
+
+
+def to_host(scalars: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Scalar tensors as floats in one device-to-host copy: one wait for the device, not one per value."""
+    if not scalars:
+        return {}
+    return dict(zip(scalars, torch.stack(list(scalars.values())).tolist()))
 
 
 class BlockNorms:
@@ -57,7 +69,10 @@ class BlockNorms:
 
     def step(self) -> dict:
         """This step's block norms (mean over its micro-batches), their oscillation, and the skip norms."""
-        norms = {name: torch.stack(values).mean().item() for name, values in self._pending.items()}
+        means = {name: torch.stack(values).mean() for name, values in self._pending.items()}
+        skips = _skip_norms(self.model) if self.model.long_skips else {}
+        host = to_host({**means, **skips})                                  # block and skip names differ
+        norms = {name: host[name] for name in means}
         self._pending.clear()
         oscillation = {name: abs(value - self._previous[name]) / max(self._previous[name], 1e-12)
                        for name, value in norms.items() if name in self._previous}
@@ -68,8 +83,8 @@ class BlockNorms:
             self._osc_sums[name] += value
             self._osc_counts[name] += 1
         self._steps += 1
-        return {"block_norm": norms, "block_osc": oscillation, **({"skip_norm": skip_norms(self.model)}
-                                                                   if self.model.long_skips else {})}
+        return {"block_norm": norms, "block_osc": oscillation,
+                **({"skip_norm": {name: host[name] for name in skips}} if skips else {})}
 
     def summary(self) -> dict:
         """Means over the steps since the last summary (the eval point's window), then start a new window."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from maskbench.models.dit import TIMESTEP_FREQ_DIM, ModelConfig, long_skip_pairs
 from maskbench.models.masking import keep_count
-from maskbench.models.presets import LEARNED_SKIP_SCALES, SKIP_GATE_REDUCTION
+from maskbench.models.presets import LEARNED_SKIP_SCALES, SKIP_GATE_REDUCTION, LongSkip, route_span
 from maskbench.models.text import MLP_RATIO as TEXT_MLP_RATIO
 
 
@@ -70,8 +70,18 @@ def _long_skip(n: _Counter, cfg: ModelConfig, batch: int, seq_len: int, kept: in
     return fusion + n.linear(batch, seq_len, hidden) + n.linear(batch, hidden, seq_len)
 
 
+def _backbone(n: _Counter, cfg: ModelConfig, batch: int, kept: int, context_len: int, route_ratio: float) -> int:
+    """The backbone blocks on the K kept tokens; with TREAD's route, the span's blocks on the R = keep_count(K,
+    route_ratio) tokens the route leaves them (the gather and the rejoin are free)."""
+    hidden = int(cfg.width * cfg.mlp_ratio)
+    start, end = route_span(cfg) if route_ratio else (0, -1)
+    spanned = end - start + 1                                                         # 0 without a route
+    return ((cfg.depth - spanned) * _dit_block(n, batch, kept, context_len, cfg.width, hidden)
+            + spanned * _dit_block(n, batch, keep_count(kept, route_ratio), context_len, cfg.width, hidden))
+
+
 def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
-                 context_len: int, batch: int, mask_ratio: float, text_encoder: bool) -> int:
+                 context_len: int, batch: int, mask_ratio: float, text_encoder: bool, route_ratio: float = 0.0) -> int:
     p, width = cfg.patch_size, cfg.width
     seq_len = (image_size // p) ** 2
     kept = keep_count(seq_len, mask_ratio)
@@ -82,10 +92,12 @@ def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: in
                     + n.linear(batch, TIMESTEP_FREQ_DIM, width, input_grad=False) + n.linear(batch, width, width))
     patch_embed = n.linear(batch * seq_len, in_channels * p * p, width, input_grad=False)
     blocks = (cfg.mixer_depth * _dit_block(n, batch, seq_len, context_len, width, hidden)
-              + cfg.depth * _dit_block(n, batch, kept, context_len, width, hidden)
+              + _backbone(n, cfg, batch, kept, context_len, route_ratio)
               + cfg.decoder_depth * _dit_block(n, batch, seq_len, context_len, width, hidden))
-    if cfg.long_skip != "none":
+    if cfg.long_skip != LongSkip.none:
         blocks += len(long_skip_pairs(cfg.depth)) * _long_skip(n, cfg, batch, seq_len, kept)
+    if cfg.sparse_fusion:  # SPRINT's Linear(cat[deep, dense]) on every token (the refill and path drop are free)
+        blocks += n.linear(batch * seq_len, 2 * width, width)
     predicted = seq_len if cfg.decoder_depth else kept  # a decoder predicts every token
     final = n.linear(batch, width, 2 * width) + n.linear(batch * predicted, width, p * p * in_channels)
     return text + conditioning + patch_embed + blocks + final
@@ -93,9 +105,10 @@ def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: in
 
 def train_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int, context_len: int,
                      batch: int, mask_ratio: float, text_encoder: bool) -> int:
-    """Forward + backward FLOPs of one training step at this mask ratio."""
+    """Forward + backward FLOPs of one training step at this mask ratio, TREAD's route included (a training
+    step routes `model.route_ratio` of the backbone's tokens around its span; a sampling step never does)."""
     return _model_flops(_Counter(train=True), cfg, image_size, in_channels, context_dim, context_len,
-                        batch, mask_ratio, text_encoder)
+                        batch, mask_ratio, text_encoder, cfg.route_ratio)
 
 
 def sample_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int, context_len: int,
@@ -126,8 +139,39 @@ def skips_only_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, c
     block = (token_matmuls + 2 * forward.attention(batch, rows // batch, rows // batch, width)
              + forward.attention(batch, rows // batch, context_len, width))
     skip = forward.linear(rows, 2 * width, width)
-    skips = len(fusing) * 2 * skip - (skip if cfg.long_skip != "concat_ln" else 0)  # the first one: weight grad only
+    skips = len(fusing) * 2 * skip - (skip if cfg.long_skip != LongSkip.concat_ln else 0)  # the first one: weight grad only
     final = forward.linear(rows, width, cfg.patch_size ** 2 * in_channels)
     backward = (cfg.depth - fusing[0]) * block + skips + final
     return _model_flops(forward, cfg, image_size, in_channels, context_dim, context_len, batch, mask_ratio,
                         text_encoder) + backward
+
+
+def conv_forward_flops(batch: int, in_channels: int, out_channels: int, kernel: int, out_pixels: int) -> int:
+    """One convolution's forward (a matmul per output pixel: 2·C_in·k²·C_out; bias free)."""
+    return 2 * batch * out_pixels * in_channels * kernel * kernel * out_channels
+
+
+def vit_forward_flops(batch: int, patches: int, prefix_tokens: int, patch: int, width: int, depth: int,
+                      mlp_ratio: float) -> int:
+    """A ViT's forward (timm's VisionTransformer): the patch embedding, then `depth` blocks on the patches and
+    the prefix tokens (class, registers)."""
+    n, tokens = _Counter(train=False), patches + prefix_tokens
+    rows = batch * tokens
+    block = (n.linear(rows, width, 3 * width) + n.attention(batch, tokens, tokens, width)
+             + n.linear(rows, width, width) + n.transformer_mlp(rows, width, int(width * mlp_ratio)))
+    return conv_forward_flops(batch, 3, width, patch, patches) + depth * block
+
+
+def repa_step_flops(cfg: ModelConfig, image_size: int, batch: int, mask_ratio: float, depth: int, hidden: int,
+                    z_dim: int, encoder_forward: int) -> int:
+    """What REPA adds to a training step: its projector (3 linears, forward and backward) on the tokens of the
+    aligned block `depth` (counted over mixer, backbone, decoder: only the kept ones in a masked backbone block),
+    and the frozen encoder's forward on the clean images (`encoder_forward` FLOPs each; no backward, nothing in it
+    trains). The gradient the loss sends into the blocks below rides on the backward the velocity loss already
+    runs through them: no more matmuls."""
+    n = _Counter(train=True)
+    seq_len = (image_size // cfg.patch_size) ** 2
+    sparse = cfg.mixer_depth < depth <= cfg.mixer_depth + cfg.depth
+    rows = batch * (keep_count(seq_len, mask_ratio) if sparse else seq_len)
+    projector = n.linear(rows, cfg.width, hidden) + n.linear(rows, hidden, hidden) + n.linear(rows, hidden, z_dim)
+    return projector + batch * encoder_forward

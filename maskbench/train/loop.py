@@ -25,6 +25,7 @@ import copy
 import functools
 import json
 import math
+import os
 import signal
 import time
 import zlib
@@ -45,13 +46,15 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from maskbench.config import ConfigError, RunConfig, Trainable, demote_routes, run_id, to_dict
-from maskbench.data.dataset import resolve_dataset
-from maskbench.data.shards import ShardLoader, make_loader
+from maskbench.data.dataset import DatasetInfo, resolve_dataset
+from maskbench.data.shards import ShardLoader, auto_workers, make_loader, worker_counts
 from maskbench.models.build import batch_context, build_model, loader_decoder
-from maskbench.models.dit import DiT, idle_parameters
+from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
+from maskbench.train.repa import make_repa
+from maskbench.models.routing import draw_route
 from maskbench.files import write_atomic
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms
@@ -146,24 +149,13 @@ class Trainer:
         self.cfg, self.on_point, self.start, self.validation = cfg, on_point, start, validation
         self.accelerator = accelerator or make_accelerator(cfg)
         self.n_streams = self.accelerator.num_processes * cfg.train.grad_accum
-        if cfg.train.batch_size % self.n_streams:
-            raise ConfigError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
-                             f"train.grad_accum = {self.n_streams}")
-        if self.accelerator.num_processes > 1 and any(p.trainable != Trainable.all for p in cfg.arm.phases):
-            raise ConfigError("a `trainable: skips` phase runs on one process: DDP fixes the parameters it "
-                              "all-reduces when it wraps the model")
         if any(p.until and watches_val_loss(p.until) for p in cfg.arm.phases) and (
                 validation is None or start is None or start.val_loss is None):
             raise ConfigError("until.val_loss_within needs the source run's validation loss at its point "
                               "(an init_from source evaluated there)")
-        # Plan first: a budget too small for one step is refused before any data is generated.
-        planned_data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
-        try:
-            check_model(cfg.model, planned_data.image_size)  # latent data's size is known only here
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        _, self.schedule = plan_run(cfg, self.accelerator.num_processes)
+        self.num_workers = loader_workers(cfg.data.num_workers, cfg.train.grad_accum)
         self.routes = demote_routes(cfg.train)  # a route's ratio missing from latent shards is refused by the plan
-        self.schedule = make_schedule(cfg, planned_data, self.n_streams)
         with self.accelerator.main_process_first():  # rank 0 generates missing synth data, the others read it
             self.data = resolve_dataset(cfg.data, cfg.paths.data)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
@@ -195,20 +187,27 @@ class Trainer:
         self.params = sum(p.numel() for p in model.parameters())
         self.ema = EMA(model, cfg.train.ema_decay)
         self.block_norms = BlockNorms(model)  # after the EMA copy: only the training model records
+        self.repa = make_repa(cfg, self.data, model)  # REPA's projector + hook (None when off), also after the copy
+        trained = [*model.parameters(), *(self.repa.parameters() if self.repa is not None else ())]
         if cfg.train.activation_checkpointing:
             checkpoint_blocks(model)
         fused = cfg.train.fused_optimizer and acc.device.type == "cuda"
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
+        optimizer = torch.optim.AdamW(trained, lr=cfg.train.lr, betas=tuple(cfg.train.betas),
                                       weight_decay=cfg.train.weight_decay, fused=fused or None)
         # The LR follows the schedule in force: the trunk's, or a cooled horizon's while its branch trains.
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.active.lr_factor(
             step, max(cfg.train.warmup_steps, 0), cfg.train.schedule))
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
+        if self.repa is not None:  # its own DDP wrapper (the projector's grads all-reduced) and checkpoint file
+            self.repa = acc.prepare(self.repa)
         # Unwrapped once: accelerate's unwrap_model walks every module per call, ~1.5 ms a step on a small model.
         self.net: DiT = acc.unwrap_model(self.model)
-        self.param_list = list(self.model.parameters())  # for clipping, without a generator walk per step
+        self.param_list = trained  # for clipping, without a generator walk per step
         # Static shapes: K changes with the mask ratio, so each phase compiles its own graph once.
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
+        if cfg.train.compile:  # a demotion route's sub-batches take 2 graphs per input size (`batch_dynamic`)
+            sizes = 1 + len({route.ratio for route in self.routes})
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * sizes)
         self.state = TrainState()
         self.trainable = Trainable.all  # what the model trains now (a phase may freeze all but the skips)
         acc.register_for_checkpointing(self.ema, self.state)  # this order names their files (checkpoint.EMA_FILE)
@@ -249,7 +248,7 @@ class Trainer:
         tick = time.perf_counter()
         loaders = [make_loader(self.data.train_source, batch_size=cfg.train.batch_size // self.n_streams,
                                seed=cfg.seed, rank=stream, world_size=self.n_streams,
-                               num_workers=cfg.data.num_workers, start_step=self.state.step,
+                               num_workers=self.num_workers, start_step=self.state.step,
                                resume=positions.get(stream), decode=decode,
                                max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer,
                                pin_memory=cfg.train.pin_memory and acc.device.type == "cuda")
@@ -280,25 +279,32 @@ class Trainer:
         Each purpose draws from its own generator keyed by (seed, stream, step, purpose), so every arm
         with this seed draws the same t, caption dropout and noise here; the mask is its own draw."""
         cfg, acc = self.cfg, self.accelerator
-        unwrapped, cpu = self.net, torch.device("cpu")
+        unwrapped = self.net
 
-        def generator(purpose: str, device: torch.device = cpu) -> torch.Generator:
+        def generator(purpose: str, device: torch.device = acc.device) -> torch.Generator:
             return step_generator(cfg.seed, stream, step, purpose, device)
 
-        x0 = batch["image"].to(acc.device, non_blocking=True)                          # b×C×H×W
+        device, host = acc.device, torch.device("cpu")
+        x0 = batch["image"].to(device, non_blocking=True)                              # b×C×H×W
         b = x0.shape[0]
-        t = sample_t(b, generator("t"), cpu)                                             # b
-        drop = torch.rand(b, generator=generator("dropout")) < cfg.train.caption_dropout  # b
-        keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=generator("mask"),
-                                   device=acc.device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
-        noise = torch.randn(x0.shape, generator=generator("noise", acc.device), device=acc.device)  # b×C×H×W
-        context, context_mask = batch_context(unwrapped, batch, acc.device)
-        demoted = {ratio: x.to(acc.device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
+        # t on the host: the plan counts each step's demoted samples from this same draw (`downscaled_count`),
+        # and the loss splits a demotion step by it without waiting on the device.
+        t = sample_t(b, generator("t", host), host)                                      # b
+        drop = (torch.rand(b, generator=generator("dropout", host)) < cfg.train.caption_dropout).to(device)  # b
+        mask = generator("mask")  # the mask, then TREAD's route: an arm without a route draws as before
+        keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=mask,
+                                   device=device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
+        span_idx = draw_route(cfg.model, b, unwrapped.seq_len, keep_idx, mask, device)  # b×R, None unrouted
+        drop_path = draw_path_drop(b, cfg.model, generator("path_drop"), device)        # b, None without SPRINT's
+        noise = torch.randn(x0.shape, generator=generator("noise"), device=device)     # b×C×H×W
+        context, context_mask = batch_context(unwrapped, batch, device)
+        demoted = {ratio: x.to(device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
         with acc.autocast():
-            loss = windowed_flow_loss(unwrapped, x0, noise, t.to(acc.device), context, context_mask, keep_idx,
-                                      drop.to(acc.device), self.routes, cfg.train.demote_gate, cfg.train.mae_weight,
-                                      forward=self.forward, generator=generator("demote", acc.device),
-                                      demoted=demoted or None)  # on the device: the loss indexes it by t there
+            loss = windowed_flow_loss(unwrapped, x0, noise, t, context, context_mask, keep_idx,
+                                      drop, self.routes, cfg.train.demote_gate, cfg.train.mae_weight,
+                                      forward=self.forward, generator=generator("demote"),
+                                      demoted=demoted or None,  # on the device: the loss indexes it by t there
+                                      span_idx=span_idx, drop_path=drop_path, repa=self.repa)
         return loss, draw_digest(t, drop, noise, device=acc.device)
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,10 +322,9 @@ class Trainer:
             digests.append(digest)
         return torch.stack(losses), torch.stack(digests)                                 # grad_accum each
 
-    def apply_update(self, losses_finite: bool) -> tuple[float, bool, bool]:
-        """Clip and step, or drop the gradients of a non-finite step, or of one the step guard refuses
-        (`train.skip_step_grad_norm`: the norm before clipping is above it); returns (grad norm, finite, stepped)."""
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.param_list, self.cfg.train.grad_clip))
+    def apply_update(self, grad_norm: float, losses_finite: bool) -> tuple[bool, bool]:
+        """Step on the clipped gradients, or drop the gradients of a non-finite step, or of one the step guard
+        refuses (`train.skip_step_grad_norm`: the norm before clipping is above it); returns (finite, stepped)."""
         finite = losses_finite and math.isfinite(grad_norm)
         guard = self.cfg.train.skip_step_grad_norm
         stepped = finite and (guard is None or grad_norm <= guard)
@@ -328,7 +333,7 @@ class Trainer:
             self.scheduler.step()
             self.ema.update(self.net)
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, finite, stepped
+        return finite, stepped
 
     def read_batches(self, batch_iters: list) -> tuple[list[dict], float]:
         """The next batch of each of this rank's streams, and the seconds spent waiting for them."""
@@ -340,13 +345,17 @@ class Trainer:
         """Forward, backward and update; every number returned is the same on every rank."""
         acc = self.accelerator
         losses, digests = self.accumulate_gradients(batches, phase, step)                # grad_accum each
+        # Clipped on the device (the same all-reduced gradients on every rank); its norm joins the one sync.
+        grad_norm = self.accelerator.clip_grad_norm_(self.param_list, self.cfg.train.grad_clip)
         due = time.monotonic() - self.last_checkpoint > self.cfg.train.checkpoint_minutes * 60
         host = torch.tensor([[batch_digest(batch), wait, self.stop_signal is not None, due] for batch in batches],
                             dtype=torch.float64)                                             # grad_accum×4
         local = torch.cat([losses.double()[:, None], host.to(acc.device)[:, :1], digests.double()[:, None],
-                           host.to(acc.device)[:, 1:]], dim=1)                               # grad_accum×6
-        stats = acc.gather(local).cpu()  # streams×6: the step's one host sync
-        grad_norm, finite, stepped = self.apply_update(bool(torch.isfinite(stats[:, 0]).all()))
+                           host.to(acc.device)[:, 1:], grad_norm.double().expand(len(batches), 1)],
+                          dim=1)                                                             # grad_accum×7
+        stats = acc.gather(local).cpu()  # streams×7: the step's one host sync
+        grad_norm = stats[0, 6].item()
+        finite, stepped = self.apply_update(grad_norm, bool(torch.isfinite(stats[:, 0]).all()))
         return {"loss": stats[:, 0].mean().item(), "grad_norm": grad_norm, "finite": finite, "stepped": stepped,
                 "data_digest": [f"{int(d):08x}" for d in stats[:, 1]],
                 "draw_digest": [f"{int(d):08x}" for d in stats[:, 2]],
@@ -486,7 +495,8 @@ class Trainer:
         """Everything a branch changes, copied (the trunk resumes from it bit for bit)."""
         return {"model": copy.deepcopy(self.net.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                 "scheduler": copy.deepcopy(self.scheduler.state_dict()), "ema": copy.deepcopy(self.ema.state_dict()),
-                "state": copy.deepcopy(self.state.state_dict()), "positions": dict(self.state.loader_state)}
+                "state": copy.deepcopy(self.state.state_dict()), "positions": dict(self.state.loader_state),
+                "repa": copy.deepcopy(self.repa.state_dict()) if self.repa is not None else None}
 
     def _restore(self, trunk: dict) -> None:
         state = self.state
@@ -496,6 +506,8 @@ class Trainer:
         self.optimizer.load_state_dict(trunk["optimizer"])
         self.scheduler.load_state_dict(trunk["scheduler"])
         self.ema.load_state_dict(trunk["ema"])
+        if self.repa is not None:
+            self.repa.load_state_dict(trunk["repa"])
         state.load_state_dict({**trunk["state"], **carried})
 
     def _stop(self, signalled: bool, loaders: list[ShardLoader]) -> Path:
@@ -561,6 +573,33 @@ class Trainer:
         self.state.eval_seconds += time.perf_counter() - tick
 
 
+def plan_run(cfg: RunConfig, n_processes: int) -> tuple[DatasetInfo, Schedule]:
+    """The data a run will read (not generated yet if synth) and its schedule, after every check that
+    needs no data: a budget too small for one step is refused before any data is generated."""
+    n_streams = n_processes * cfg.train.grad_accum
+    if cfg.train.batch_size % n_streams:
+        raise ConfigError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
+                          f"train.grad_accum = {n_streams}")
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    try:
+        check_model(cfg.model, data.image_size)  # latent data's size is known only here
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return data, make_schedule(cfg, data, n_streams)
+
+
+def loader_workers(asked: int | None, loaders: int) -> int:
+    """Workers per loader: `data.num_workers` when set (a count the loader accepts), else sized from the CPUs
+    this process may use, shared with the other processes on its node (torchrun's LOCAL_WORLD_SIZE)."""
+    if asked is not None:
+        if asked not in worker_counts():
+            raise ConfigError(f"data.num_workers must be one of {worker_counts()} (they divide the loader's "
+                              f"streams, so the data is the same for each), got {asked}")
+        return asked
+    cpus = len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return auto_workers(cpus, loaders)
+
+
 def make_accelerator(cfg: RunConfig) -> Accelerator:
     """bf16 on GPUs, fp32 on CPU; the LR schedule steps once per optimizer step (accelerate's default
     steps it once per process), and collectives wait out rank 0's evaluations."""
@@ -570,8 +609,12 @@ def make_accelerator(cfg: RunConfig) -> Accelerator:
         precision = "bf16" if cuda else "no"
     timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.train.dist_timeout_minutes))
     # DDP's search for unused parameters walks the autograd graph every step: only for an arm that needs it.
-    idle = any(idle_parameters(cfg.model, phase.mask_ratio) for phase in cfg.arm.phases)
-    ddp = DistributedDataParallelKwargs(find_unused_parameters=idle)
+    # A skips-only phase freezes all but the long skips after the wrap: DDP must find them unused (their grads
+    # stay None on every rank, so AdamW leaves them as they are).
+    idle = any(idle_parameters(cfg.model, phase.mask_ratio) or phase.trainable != Trainable.all
+               for phase in cfg.arm.phases)
+    # The model's buffers (fixed positions, the synth token table) never change: no rebroadcast each forward.
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=idle, broadcast_buffers=False)
     trackers = None if cfg.train.log_with == "none" else cfg.train.log_with
     return Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
                        kwargs_handlers=[timeout, ddp], log_with=trackers,

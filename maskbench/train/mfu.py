@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from maskbench.config import ConfigError
 from maskbench.files import write_atomic
 
 # Dense (no sparsity) peak FLOP/s per device. Checked in order: the first name contained in
@@ -116,9 +117,10 @@ def cached_gemm_peak(device: torch.device, precision: str, remeasure: bool = Fal
     load average it was taken under, and `maskbench bench peak --remeasure` replaces it.
     """
     path, key = peak_cache_path(), _machine_key(device, precision)
+    _read_cache(path)  # a file there that is not the cache is refused before the lock file is made
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):
-        cache = json.loads(path.read_text()) if path.is_file() else {}
+        cache = _read_cache(path)
         if remeasure or key not in cache:
             load = os.getloadavg()[0]
             n = 8192 if device.type == "cuda" else 2048
@@ -127,6 +129,19 @@ def cached_gemm_peak(device: torch.device, precision: str, remeasure: bool = Fal
                           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
             write_atomic(path, json.dumps(cache, indent=2))
     return cache[key]["flops"]
+
+
+def _read_cache(path: Path) -> dict:
+    """The peaks measured so far; a file there that is not this cache is refused, not overwritten."""
+    if not path.is_file():
+        return {}
+    try:
+        cache = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path} is not a GEMM peak cache (not JSON: {err}); move it away") from None
+    if not isinstance(cache, dict):
+        raise ConfigError(f"{path} is not a GEMM peak cache (not a JSON object); move it away")
+    return cache
 
 
 def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
@@ -148,7 +163,12 @@ def bench_peak_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remeasure", action="store_true",
                         help="measure again and replace the cached figure (do it on a quiet machine)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        raise ConfigError(f"--device {args.device}: {str(err).splitlines()[0]}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device here")
     measured = cached_gemm_peak(device, args.precision, remeasure=args.remeasure)
     print(f"{device} {args.precision}: measured GEMM peak {measured / 1e12:.3f} TFLOP/s "
           f"({torch.get_num_threads()} CPU threads; cached in {peak_cache_path()})")

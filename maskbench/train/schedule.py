@@ -23,13 +23,14 @@ import torch
 from maskbench.config import ConfigError, LRSchedule, Phase, RunConfig, Trainable, Until, demote_routes
 from maskbench.data.dataset import DatasetInfo
 from maskbench.models.objective import route_choice, sample_t
+from maskbench.train.repa import repa_sample_flops
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
 
 
 # The purposes a step draws random numbers for, each from its own stream (common random numbers): two
 # arms with one seed draw the same t, caption dropout and noise at every step they share, whatever else
 # each draws (the mask, a demotion route's fresh noise) and in whatever order.
-DRAWS = ("t", "dropout", "noise", "mask", "demote")
+DRAWS = ("t", "dropout", "noise", "mask", "demote", "path_drop")  # append only: an index keys each stream
 
 
 def step_generator(seed: int, stream: int, step: int, purpose: str,
@@ -52,6 +53,7 @@ class PhasePlan:
     flops_per_step: tuple[int, ...]   # the same for every step, unless some samples train downscaled
     trainable: str = "all"            # all, or skips: only the long-skip layers train (`Phase.trainable`)
     until: Until | None = None        # the rule that may end it early (`Phase.until`)
+    lr: tuple[float, float] | None = None  # its own LR multipliers [start, end] (`Phase.lr`), else the run's
     index: int = 0                    # its place in the arm
     start: int = 0                    # the global step it starts at
 
@@ -93,7 +95,8 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
             raise ConfigError(f"budget {budget_flops:.3g} FLOPs is too small for one step of phase {index} "
                               f"(mask {phase.mask_ratio}, {phase.fraction:.0%} of the budget): one step costs {cost:.3g}")
         carried = allowance - spent if index in ends else 0.0
-        plans.append(PhasePlan(phase.mask_ratio, tuple(costs), phase.trainable, phase.until, index, start))
+        plans.append(PhasePlan(phase.mask_ratio, tuple(costs), phase.trainable, phase.until,
+                               tuple(phase.lr) if phase.lr is not None else None, index, start))
         start += len(costs)
     return plans
 
@@ -125,8 +128,15 @@ class Schedule:
 
     def lr_factor(self, step: int, warmup: int, kind: str) -> float:
         """The LR multiplier of step `step`: a linear warm-up, then constant, cosine to the end, or (wsd)
-        constant until `decay_start` and 1 − √progress over the rest (Hägele et al. 2024's best decay shape)."""
+        constant until `decay_start` and 1 − √progress over the rest (Hägele et al. 2024's best decay shape).
+        A phase with its own LR (`Phase.lr`, constant runs only) follows it instead: cosine from start to end
+        over the phase's steps, as MicroDiT's masked phase; start = end is constant."""
         warm = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        phase, _ = self.phase_at(min(step, self.total_steps - 1))  # LambdaLR asks one step past the last
+        if phase.lr is not None:
+            start, end = phase.lr
+            progress = (step - phase.start) / max(phase.steps - 1, 1)
+            return warm * (end + (start - end) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
         if kind == LRSchedule.cosine:
             progress = (step - warmup) / max(self.total_steps - warmup, 1)
             return warm if step < warmup else 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
@@ -232,9 +242,11 @@ def skips_only_batch_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float)
 
 def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downscaled: tuple[int, ...] = ()) -> int:
     """FLOPs of one training step of the global batch, downscaled[r] of its samples at route r's size
-    (`demote_routes` order; a step's cost is linear in its batch, so the parts add)."""
+    (`demote_routes` order; a step's cost is linear in its batch, so the parts add). REPA's projector and
+    encoder add theirs (the config refuses REPA with demotion, so only at the native size)."""
     def per_sample(image_size: int) -> int:
-        return _step_flops(train_step_flops, cfg, data, image_size, 1, mask_ratio)
+        return (_step_flops(train_step_flops, cfg, data, image_size, 1, mask_ratio)
+                + repa_sample_flops(cfg, data, mask_ratio))
 
     sizes = [data.demoted_size(route.ratio, cfg.model.patch_size) for route in demote_routes(cfg.train)]
     full = (cfg.train.batch_size - sum(downscaled)) * per_sample(data.image_size)

@@ -17,6 +17,7 @@ on the command line replaces the study's axis (`--list-studies` lists the shippe
 
 from __future__ import annotations
 
+import copy
 import itertools
 import shlex
 from collections import Counter
@@ -76,7 +77,7 @@ def load_study(name: str) -> Study:
                           "(or pass study=path/to/study.yaml)")
     try:
         loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
+    except (UnicodeDecodeError, yaml.YAMLError) as err:  # binary, or not YAML
         raise ConfigError(f"study file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     grid = loaded.get("grid") if isinstance(loaded, dict) else None
     if not isinstance(grid, list) or not grid or not all(isinstance(o, str) and "=" in o for o in grid):
@@ -179,8 +180,31 @@ def format_status(cells: list[Cell], csvs: Sequence[str]) -> str:
 
 
 def plan_sweep(overrides: list[str]) -> list[tuple[list[str], RunConfig]]:
-    """(overrides, validated config) per run; raises ConfigError on the first bad combination."""
-    return [(combo, load_config(combo)) for combo in expand_grid(overrides)]
+    """(overrides, validated config) per run; raises ConfigError on the first bad combination.
+
+    Composing a config takes about half a second, and a study's seed axis repeats every other cell: the
+    run seed is a plain integer that no other setting is derived from, so cells that differ only in it
+    are composed once and the others are copies with their seed set.
+    """
+    composed: dict[tuple[str, ...], RunConfig] = {}
+    runs = []
+    for combo in expand_grid(overrides):
+        shape, seed = tuple(o for o in combo if o.partition("=")[0] != "seed"), _plain_seed(combo)
+        if shape in composed and seed is not None:
+            cfg = copy.deepcopy(composed[shape])
+            cfg.seed = seed
+        else:
+            cfg = load_config(combo)
+            composed.setdefault(shape, cfg)
+        runs.append((combo, cfg))
+    return runs
+
+
+def _plain_seed(combo: list[str]) -> int | None:
+    """The cell's `seed=N` as an integer; None when it sets none or not a plain integer (composed in full)."""
+    seeds = [o for o in _parse(combo) if o.key_or_group == "seed"]
+    value = seeds[-1].value() if seeds else None
+    return value if type(value) is int else None
 
 
 def launch_lines(runs: list[tuple[list[str], RunConfig]], launcher: str, nproc: int) -> str:

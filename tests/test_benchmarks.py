@@ -1,0 +1,38 @@
+"""Every benchmark script runs at toy size (`--smoke`), so none can rot unseen: their figures are measured
+on demand, never asserted, but a script that no longer runs cannot remake its committed CSV."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# script -> the CSVs its --smoke run writes beside --out (gpu_check.sh and its report: tests/test_gpu_check.py)
+SMOKE_OUTPUTS = {
+    "arm_step_time.py": ["out.csv"],
+    "kernels.py": ["out.csv"],
+    "loader.py": ["out.csv", "out_workers.csv"],
+    "step_time.py": ["out.csv"],
+}
+NOT_HERE = {"gpu_check_report.py", "results_csv.py"}  # run by gpu_check.sh's test; a library of the others
+
+
+def test_every_benchmark_script_has_a_smoke_run():
+    scripts = {path.name for path in (REPO / "benchmarks").glob("*.py")}
+    assert scripts - NOT_HERE == set(SMOKE_OUTPUTS)
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE_OUTPUTS))
+def test_the_benchmark_runs_at_toy_size(tmp_path: Path, script: str):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASKBENCH_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--smoke", "--out", str(tmp_path / "out.csv")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for name in SMOKE_OUTPUTS[script]:
+        with open(tmp_path / name) as f:
+            assert list(csv.DictReader(f)), f"{script} wrote no rows to {name}"

@@ -1,0 +1,62 @@
+"""Data that names itself: a run on data.path is labelled by the source its shards' manifest records.
+
+The shards are BrushData-format fixtures packed by the real adapter and encoded with the stand-in VAE
+and text tower (conftest's `shards` and `opts`), as in a real latent run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from maskbench.cli import main
+from maskbench.config import load_config, run_id
+from maskbench.eval import standins
+from maskbench.results.leaderboard import read_rows
+from maskbench.runs.launch import train
+from tests.test_latent_run import latent_root, run_overrides  # noqa: F401 (latent_root is a fixture)
+
+
+def unnamed(tmp_path: Path, root: Path, *extra: str) -> list[str]:
+    """The tiny latent run's overrides with data.path alone naming the data."""
+    return [item for item in run_overrides(tmp_path, root) if not item.startswith("data.name=")] + list(extra)
+
+
+def test_a_run_given_only_data_path_is_named_after_its_shards_source(tmp_path: Path, latent_root: Path) -> None:
+    inception = standins.write_inception(tmp_path / "standin-inception.pt")
+    assert main(["eval", "reference", str(latent_root / "val"), "--inception-weights", str(inception)]) == 0
+    cfg = load_config(unnamed(tmp_path, latent_root, "arm=mask0", "eval.points=[1.0]",
+                              f"eval.inception_weights={inception}"))
+    assert cfg.data.name == "brushdata" and run_id(cfg).startswith("mask0-brushdata-")
+    run_dir = train(cfg)
+    assert run_dir.name == run_id(cfg)
+    assert [row["dataset"] for row in read_rows([tmp_path / "lb.csv"])] == ["brushdata"]
+
+
+@pytest.mark.parametrize("name", ["data=sa1b", "data=synth", "data.name=photos"])
+def test_a_name_that_contradicts_the_manifest_is_refused(tmp_path: Path, latent_root: Path, name: str,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    assert main(["run", *unnamed(tmp_path, latent_root, name)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "contradicts" in err and "'brushdata'" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["data=brushdata", "data.name=brushdata"])
+def test_a_name_that_agrees_with_the_manifest_is_kept(tmp_path: Path, latent_root: Path, name: str) -> None:
+    assert load_config(unnamed(tmp_path, latent_root, name)).data.name == "brushdata"
+
+
+def test_a_manifest_without_a_source_labels_the_data_after_its_folder(tmp_path: Path, latent_root: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    manifest = latent_root / "train" / "manifest.json"
+    recorded = json.loads(manifest.read_text())
+    del recorded["source"]  # as written before sources were recorded
+    manifest.write_text(json.dumps(recorded))
+    capsys.readouterr()
+    assert load_config(unnamed(tmp_path, latent_root)).data.name == latent_root.name == "latent"
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1 and "records no source" in out and "'latent'" in out, out
+    assert load_config(unnamed(tmp_path, latent_root, "data.name=brushdata")).data.name == "brushdata"
