@@ -57,7 +57,7 @@ for split in train val; do
   step 120 "encode_$split" maskbench data encode "$synth/$split" "$work/latent/$split" --vae "$vae" \
     --text-model "$clip" --resolution 64 --batch-size 64 --demote 0.5 --no-progress || exit 1
 done
-step 60 reference maskbench eval reference "$work/latent/val" --inception-weights "$inception" || exit 1
+step 60 reference maskbench eval reference "$work/latent/val" eval.inception_weights="$inception" || exit 1
 common="data.path=$work/latent $model $fast train.batch_size=$batch eval.n_samples=$n_samples
   eval.val_samples=$val_samples eval.inception_weights=$inception eval.clip_model=$clip"
 # Two loader workers: batches cross a process boundary (pinned on CUDA), in the data order of any worker count.

@@ -21,10 +21,10 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import json
+import math
 import os
 import tarfile
 import tempfile
@@ -40,6 +40,7 @@ from PIL import Image
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
 from maskbench.data.encode import LATENT_DTYPE
+from maskbench.data.loader import make_loader
 from maskbench.data.pack import commit_unit, merge_parts
 from maskbench.data.shards import (
     TAR_MTIME,
@@ -47,12 +48,11 @@ from maskbench.data.shards import (
     decode_image_caption,
     decode_latent_text,
     encode_npy,
-    make_loader,
-    read_manifest,
     shard_entry,
     shard_urls,
 )
 from maskbench.data.synth import caption, render, sample_scene, write_synth
+from maskbench.manifest import read_manifest
 from maskbench.models.presets import PRESETS
 from maskbench.train.flops import train_step_flops
 from maskbench.train.mfu import table_peak

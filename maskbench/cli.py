@@ -13,8 +13,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from maskbench.config import UserError, arm_settings, format_arm, known_arms, load_config, shipped_arm
-from maskbench.weights import add_weights
+from maskbench.config import (
+    EvalConfig,
+    arm_settings,
+    fill_eval_weights,
+    format_arm,
+    known_arms,
+    load_config,
+    shipped_arm,
+)
+from maskbench.errors import ConfigError, UserError
+from maskbench.weights import add_weights, weights_folder
 
 EXAMPLES = """examples:
   maskbench run arm=mask75_then0                 train one arm on the embedded default
@@ -32,7 +41,7 @@ def fail(message: str, code: int = 2) -> int:
 
 def train_one(cfg) -> int:
     """Train one validated config; the exit code (2 bad input, 1 training failed, 130 interrupted)."""
-    from maskbench.data.shards import TooManyBadSamples
+    from maskbench.data.loader import TooManyBadSamples
     from maskbench.runs.launch import make_trainer
     from maskbench.train.loop import TrainingStopped
 
@@ -67,7 +76,7 @@ def print_plan(cfg) -> int:
 def sweep_cells(runs, extra_csvs: list[str]):
     """The sweep's cells with their status, from the leaderboard CSVs that exist (and extra_csvs)."""
     from maskbench.results.leaderboard import read_rows
-    from maskbench.train.sweep import cell_states, csv_paths
+    from maskbench.runs.sweep import cell_states, csv_paths
 
     paths = csv_paths(runs, extra_csvs)
     try:
@@ -78,7 +87,7 @@ def sweep_cells(runs, extra_csvs: list[str]):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from maskbench.train.sweep import format_status, format_studies, launch_lines, plan_sweep, with_study
+    from maskbench.runs.sweep import format_status, format_studies, launch_lines, plan_sweep, with_study
 
     if args.list_studies:
         print(format_studies())
@@ -145,6 +154,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.target == "reference":
         return cmd_eval_reference(args.rest)
     from maskbench.config import load_run_config, with_eval_overrides
+    from maskbench.metrics import METRICS
     from maskbench.runs.reevaluate import evaluate_run
 
     # REMAINDER keeps `reference`'s own options whole, so options after RUN_DIR are parsed here.
@@ -156,14 +166,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.target)
     rows = evaluate_run(args.target, points or None, overrides=with_eval_overrides(cfg, overrides))
     for row in rows:
-        metrics = ", ".join(f"{k} {row[k]:.4g}" for k in ("val_loss", "fid", "align_acc", "clip_score")
-                            if row.get(k) is not None)
+        metrics = ", ".join(f"{m.name} {row[m.name]:.4g}" for m in METRICS if row.get(m.name) is not None)
         print(f"point {row['point']:g} (step {row['step']}): {metrics}")
     return 0
 
 
+REFERENCE_KEYS = ("eval.inception_weights", "eval.dinov2_weights", "eval.dinov2_model", "paths.weights")
+
+
+def reference_weights(overrides: list[str]) -> EvalConfig:
+    """The weights `eval reference` reads, spelled as on `run` and `eval` (KEY=VALUE over REFERENCE_KEYS), and
+    taken from the weights folder (paths.weights or $MASKBENCH_WEIGHTS) where unset, so the statistics are
+    built with the very files the runs will score against."""
+    settings = dict(o.partition("=")[::2] for o in overrides)
+    if bad := next((o for o in overrides if "=" not in o or o.partition("=")[0] not in REFERENCE_KEYS), None):
+        raise ConfigError(f"eval reference takes {', '.join(k + '=...' for k in REFERENCE_KEYS)}; got {bad!r}")
+    cfg = EvalConfig(**{k.removeprefix("eval."): v for k, v in settings.items() if k.startswith("eval.")})
+    if folder := weights_folder(settings.get("paths.weights")):
+        cfg = fill_eval_weights(cfg, Path(folder))
+    if cfg.inception_weights is None:
+        raise ConfigError("eval reference needs the Inception weights: pass eval.inception_weights=PT, or "
+                          "paths.weights=DIR (or $MASKBENCH_WEIGHTS) holding inception-2015-12-05.pt")
+    return cfg
+
+
 def cmd_eval_reference(argv: list[str]) -> int:
-    from maskbench.config import EvalConfig
     from maskbench.eval.reference import build_reference
 
     parser = argparse.ArgumentParser(prog="maskbench eval reference",
@@ -173,19 +200,20 @@ def cmd_eval_reference(argv: list[str]) -> int:
                                                  "the resolution they were encoded at).")
     parser.add_argument("src", type=Path, help="held-out images: a shard dir (with manifest.json), a folder, or "
                                                "latent val shards from `maskbench data encode`")
-    parser.add_argument("--inception-weights", required=True, metavar="PT",
-                        help="local inception-2015-12-05.pt (clean-fid's TorchScript Inception)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="eval.inception_weights=PT (clean-fid's TorchScript Inception; required unless "
+                             "paths.weights holds it), eval.dinov2_weights=FILE with eval.dinov2_model=NAME "
+                             "(also write dinov2_stats.npz beside --out: FD-DINOv2), paths.weights=DIR")
     parser.add_argument("--out", type=Path, help="npz to write (default: SRC/inception_stats.npz)")
     parser.add_argument("--size", type=int, help="resize images to SIZE×SIZE first (the training resolution)")
     parser.add_argument("--limit", type=int, help="use the first N images only")
-    parser.add_argument("--dinov2-weights", metavar="FILE", help="local timm DINOv2 weights: also write "
-                                                                    "dinov2_stats.npz beside --out (FD-DINOv2)")
-    parser.add_argument("--dinov2-model", default=EvalConfig.dinov2_model, help="timm architecture of those weights")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    weights = reference_weights(args.overrides)
     out = args.out or args.src / "inception_stats.npz"
-    dinov2 = (args.dinov2_model, args.dinov2_weights) if args.dinov2_weights else None
-    found = build_reference(args.src, out, args.inception_weights, args.size, args.limit, args.device, dinov2=dinov2)
+    dinov2 = (weights.dinov2_model, weights.dinov2_weights) if weights.dinov2_weights else None
+    found = build_reference(args.src, out, weights.inception_weights, args.size, args.limit, args.device,
+                            dinov2=dinov2)
     for stats in found:
         print(f"reference statistics of {stats.n} images at {stats.resolution or 'native'}px ({stats.features_name}) "
               f"from {stats.source}")
@@ -311,7 +339,7 @@ def add_arms(arms: argparse.ArgumentParser) -> None:
 
 def add_data(data: argparse.ArgumentParser) -> None:
     from maskbench.data.encode import add_encode_arguments
-    from maskbench.data.pack import add_pack_arguments
+    from maskbench.data.sources import add_pack_arguments
     from maskbench.data.verify import add_verify_arguments
 
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
@@ -327,7 +355,7 @@ def add_data(data: argparse.ArgumentParser) -> None:
 def add_eval(evaluate: argparse.ArgumentParser) -> None:
     evaluate.description = ("maskbench eval RUN_DIR [--point P ...] [eval.key=value ...]: evaluate the run's "
                             "eval-point checkpoints (default: all) and append leaderboard rows.\n"
-                            "maskbench eval reference SRC --inception-weights PT: build FID reference statistics "
+                            "maskbench eval reference SRC eval.inception_weights=PT: build FID reference statistics "
                             "(see `maskbench eval reference --help`).")
     evaluate.add_argument("target", metavar="RUN_DIR|reference")
     evaluate.add_argument("--point", type=float, action="append", help="eval point(s) to evaluate, e.g. 1.0")

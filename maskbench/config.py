@@ -17,6 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Optional
 
+import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
@@ -24,11 +25,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import yaml
-
-from maskbench.errors import ConfigError, UserError
+from maskbench.errors import ConfigError
 from maskbench.manifest import read_manifest
-from maskbench.models.presets import LEARNED_SKIP_SCALES, PRESETS, ModelConfig, check_model
+from maskbench.models.presets import LEARNED_SKIP_SCALES, PRESETS, LongSkipKind, ModelConfig, check_model
 from maskbench.weights import REGISTRY, WeightFile, weights_folder
 
 CONF_DIR = Path(__file__).parent / "conf"
@@ -38,7 +37,7 @@ CONFIG_GROUPS = ("model", "data", "eval")  # Hydra groups a `key=option` overrid
 # The string options, validated by OmegaConf (a value outside the list is refused with the list).
 LRSchedule = StrEnum("LRSchedule", "wsd constant cosine")    # the LR schedule after the linear warm-up
 Precision = StrEnum("Precision", "auto no bf16 fp16")         # auto: bf16 on GPUs, fp32 (no) on CPU
-Attention = StrEnum("Attention", "auto math")                 # auto: SDPA picks flash / memory-efficient kernels
+AttentionKernel = StrEnum("AttentionKernel", "auto math")    # auto: SDPA picks flash / memory-efficient kernels
 Tracker = StrEnum("Tracker", "none tensorboard wandb")        # experiment tracking (maskbench.train.tracking)
 Trainable = StrEnum("Trainable", "all skips")                 # what a phase trains: skips = the long-skip layers only
 InitWeights = StrEnum("InitWeights", "ema raw")               # which weights of an init_from source a run starts from
@@ -155,7 +154,7 @@ class TrainConfig:
     stop_at_step: Optional[int] = None  # save and stop there, as a preemption would (resume later)
     grad_accum: int = 1            # micro-batches per step; processes × grad_accum data streams share the batch
     fused_optimizer: bool = True   # fused AdamW kernel (CUDA only)
-    attention: Attention = Attention.auto
+    attention: AttentionKernel = AttentionKernel.auto
     pin_memory: bool = True        # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
     activation_checkpointing: bool = False  # recompute each DiT block in backward: less memory, ~1/3 more compute
     dist_timeout_minutes: float = 120.0     # collective timeout: other ranks wait while rank 0 evaluates
@@ -485,7 +484,7 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
     """A skips-only phase and a switch rule: what they need (long skips, a source run, one rule)."""
     name = cfg.arm.name
     if phase.trainable == Trainable.skips:
-        if cfg.model.long_skip == "none" or cfg.init_from is None:
+        if cfg.model.long_skip == LongSkipKind.none or cfg.init_from is None:
             raise ConfigError(f"arm {name!r}: a `trainable: skips` phase trains new long-skip layers on a trained "
                               "DiT: it needs model.long_skip and init_from=RUN_DIR")
         if (demote_routes(cfg.train) or cfg.model.mixer_depth or cfg.model.decoder_depth
@@ -511,7 +510,7 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
     if until.val_loss_within is not None and cfg.init_from is None:
         raise ConfigError(f"arm {name!r}: until.val_loss_within compares with the init_from source's validation "
                           "loss: give init_from=RUN_DIR")
-    if until.skip_norm_growth_below is not None and cfg.model.long_skip == "none":
+    if until.skip_norm_growth_below is not None and cfg.model.long_skip == LongSkipKind.none:
         raise ConfigError(f"arm {name!r}: until.skip_norm_growth_below watches the long-skip layers: set model.long_skip")
     if cfg.train.schedule == LRSchedule.wsd and any(point < 1.0 for point in cfg.eval.points):
         raise ConfigError(f"arm {name!r}: a phase that ends by a rule (`until`) gives each horizon a run that leaves "

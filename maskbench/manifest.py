@@ -1,7 +1,8 @@
 """A shard folder's manifest.json: the marker of a complete folder and the record of what it holds.
 
 At the base of the package because the config reads one field of it (the data's source names a run) before
-any data is touched; the shard writer and loader (`data/shards.py`) build and read the rest.
+any data is touched; the shard writer and loader (`data/shards.py`,
+`data/loader.py`) build and read the rest.
 """
 
 from __future__ import annotations

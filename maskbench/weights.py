@@ -40,7 +40,7 @@ class WeightFile:
 
 REGISTRY: tuple[WeightFile, ...] = (
     WeightFile("inception", "inception-2015-12-05.pt", inception_url,
-               "eval.inception_weights, eval reference --inception-weights (FID, clean-fid's TorchScript)",
+               "eval.inception_weights on run, eval and eval reference (FID, clean-fid's TorchScript)",
                fills="inception_weights"),
     WeightFile("clip-vit-h-14", "open_clip_vit_h14.bin",
                "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K/blob/main/open_clip_pytorch_model.bin",
@@ -48,7 +48,7 @@ REGISTRY: tuple[WeightFile, ...] = (
                fills="clip_weights", arch=("clip_model", "ViT-H-14")),
     WeightFile("dinov2-vitl14", "vit_large_patch14_dinov2.lvd142m.safetensors",
                "https://huggingface.co/timm/vit_large_patch14_dinov2.lvd142m/blob/main/model.safetensors",
-               "eval.dinov2_weights, eval reference --dinov2-weights (FD-DINOv2, timm)",
+               "eval.dinov2_weights on run, eval and eval reference (FD-DINOv2, timm)",
                fills="dinov2_weights", arch=("dinov2_model", "vit_large_patch14_dinov2.lvd142m"), needed=False),
     WeightFile("dinov2-vitb14", "vit_base_patch14_dinov2.lvd142m.safetensors",
                "https://huggingface.co/timm/vit_base_patch14_dinov2.lvd142m/blob/main/model.safetensors",

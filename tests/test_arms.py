@@ -9,17 +9,19 @@ import pytest
 import torch
 
 from maskbench.cli import main
-from maskbench.config import _HASHED_WHEN_SET, ConfigError, DemoteRoute, load_config, run_id
+from maskbench.config import _HASHED_WHEN_SET, DemoteRoute, load_config, run_id
 from maskbench.data.dataset import resolve_dataset
-from maskbench.models.dit import DiT, ModelConfig
-from maskbench.models.masking import random_keep_idx
-from maskbench.models.text import SynthTextEncoder
+from maskbench.errors import ConfigError
 from maskbench.models import objective
-from maskbench.train.diagnostics import BlockNorms, named_blocks
+from maskbench.models.dit import DiT
+from maskbench.models.masking import random_keep_idx
+from maskbench.models.objective import downscale, flow_loss, in_window, interpolate, mae_target, windowed_flow_loss
+from maskbench.models.presets import ModelConfig
+from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
+from maskbench.train.diagnostics import BlockNorms, named_blocks
 from maskbench.train.loop import Trainer
 from maskbench.train.schedule import downscaled_count, make_schedule
-from maskbench.models.objective import downscale, flow_loss, in_window, interpolate, mae_target, windowed_flow_loss
 from tests.conftest import randomized, tiny_overrides
 
 B = 3

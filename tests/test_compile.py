@@ -14,9 +14,10 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from maskbench.config import DemoteRoute
 from maskbench.models import kernels
-from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import route_choice, windowed_flow_loss
+from maskbench.models.presets import ModelConfig
 from maskbench.train.diagnostics import BlockNorms
 from tests.conftest import randomized
 from tests.test_arms import _model

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from maskbench.cli import main
-from maskbench.config import ConfigError, config_hash, known_arms, load_config, run_id
+from maskbench.config import config_hash, known_arms, load_config, run_id
+from maskbench.errors import ConfigError
 from tests.conftest import tiny_overrides
 
 

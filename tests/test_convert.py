@@ -12,8 +12,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from maskbench.config import ConfigError, Until, config_hash, load_config, run_id
+from maskbench.config import Until, config_hash, load_config, run_id
 from maskbench.data.dataset import resolve_dataset
+from maskbench.errors import ConfigError
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx

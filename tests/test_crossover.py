@@ -6,10 +6,10 @@ import pytest
 import scipy.stats
 from PIL import Image
 
-from maskbench.results.crossover import (correct_cells, crossover_cells, crossover_figure, plot_crossover,
-                                        render_cells)
+from maskbench.results.crossover import correct_cells, crossover_cells, crossover_figure, plot_crossover, render_cells
+from maskbench.results.estimators import ratio_verdict
 from maskbench.results.leaderboard import COLUMNS
-from maskbench.results.stats import Family, ratio_verdict
+from maskbench.results.multiplicity import Family
 
 BUDGET = 1e12
 

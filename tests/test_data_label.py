@@ -26,7 +26,7 @@ def unnamed(tmp_path: Path, root: Path, *extra: str) -> list[str]:
 
 def test_a_run_given_only_data_path_is_named_after_its_shards_source(tmp_path: Path, latent_root: Path) -> None:
     inception = standins.write_inception(tmp_path / "standin-inception.pt")
-    assert main(["eval", "reference", str(latent_root / "val"), "--inception-weights", str(inception)]) == 0
+    assert main(["eval", "reference", str(latent_root / "val"), f"eval.inception_weights={inception}"]) == 0
     cfg = load_config(unnamed(tmp_path, latent_root, "arm=mask0", "eval.points=[1.0]",
                               f"eval.inception_weights={inception}"))
     assert cfg.data.name == "brushdata" and run_id(cfg).startswith("mask0-brushdata-")

@@ -11,9 +11,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.cli import main
-from maskbench.config import ConfigError, DemoteRoute, demote_routes, load_config
+from maskbench.config import DemoteRoute, demote_routes, load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.demote import demoted_size
+from maskbench.errors import ConfigError
 from maskbench.models import objective
 from maskbench.models.build import build_model
 from maskbench.models.objective import demote, route_choice, windowed_flow_loss

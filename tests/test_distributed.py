@@ -20,7 +20,7 @@ import torch
 from maskbench.cli import main
 from maskbench.config import demote_routes, known_arms, load_config
 from maskbench.data.dataset import resolve_dataset
-from maskbench.data.shards import make_loader
+from maskbench.data.loader import make_loader
 from maskbench.eval.evaluate import load_samples
 from maskbench.models.build import build_model
 from maskbench.models.dit import idle_parameters

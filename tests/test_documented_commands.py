@@ -6,8 +6,8 @@ real formats (`world`: latent shards with their manifest and reference statistic
 the documented /models paths, the repository's leaderboard CSVs, a run directory), and run in-process
 through `maskbench.cli.main`: `run` and `sweep` with `--dry-run` (every check a run makes, no
 training); `arms`, `leaderboard`, `sweep --emit/--status/--list-studies`, `data verify` for real; the
-rest parsed by the real parser, `eval` and `data synth` through their handlers up to the work itself, so
-an unknown option, key, arm or preset fails.
+rest parsed by the real parser, `eval`, `eval reference` and `data synth` through their handlers up to the
+work itself, so an unknown option, key, arm or preset fails.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SEPARATORS = {";", "|", "||", "&", "&&", ">", ">>", "<", "(", ")"}
 ELLIPSIS = ("...", "…")
-PARSED_ONLY = {"repro", "probe", "bench", ("data", "pack"), ("data", "encode"), ("eval", "reference")}
+PARSED_ONLY = {"repro", "probe", "bench", ("data", "pack"), ("data", "encode")}
 
 
 @dataclass(frozen=True)
@@ -241,6 +241,7 @@ def parsed_only(argv: list[str]) -> bool:
 def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     """Run one documented command as the module docstring says; its exit code."""
     from maskbench.data import dataset
+    from maskbench.eval import reference
     from maskbench.runs import reevaluate
 
     if runs_training(argv):
@@ -250,6 +251,7 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
         return 0
     # up to the work itself: overrides composed and validated against the recorded / packaged config
     monkeypatch.setattr(reevaluate, "evaluate_run", lambda *args, **kwargs: [])
+    monkeypatch.setattr(reference, "build_reference", lambda *args, **kwargs: [])
     monkeypatch.setattr(dataset, "resolve_dataset", functools.partial(dataset.resolve_dataset, create=False))
     return cli.main(argv)
 
@@ -294,7 +296,9 @@ def test_a_broken_documented_command_fails(world: Path, monkeypatch: pytest.Monk
     for broken in (["run", "arm=mask0", "sed=1"], ["run", "arm=mask00"], ["run", "model=dit_s3"],
                    ["sweep", "arm=mask0,mask75", "--emitt", "slurm"], ["leaderboard", "--plott", "x.png"],
                    ["eval", str(world / "runs" / "fixture-run"), "eval.n_sample=10"],
-                   ["repro", str(world / "runs" / "fixture-run"), "--thru", "last"]):
+                   ["repro", str(world / "runs" / "fixture-run"), "--thru", "last"],
+                   ["eval", "reference", str(world / "data"), "--inception-weights", "x.pt"],
+                   ["eval", "reference", str(world / "data"), "eval.inception_weight=x.pt"]):
         try:
             code = run_documented(broken, monkeypatch)
         except SystemExit as exit_:

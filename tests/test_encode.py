@@ -21,6 +21,7 @@ from maskbench.data.pack import iter_tar_samples
 from maskbench.data.shards import shard_urls
 from maskbench.data.verify import verify
 
+
 def test_latent_shards_have_declared_shapes_and_values(tmp_path: Path, opts: EncodeOptions, shards: Path) -> None:
     manifest = encode(shards, tmp_path / "lat", opts, progress=False)
     latent_info = manifest["latent"]

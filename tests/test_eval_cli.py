@@ -13,6 +13,7 @@ from maskbench.config import load_config
 from maskbench.eval import standins
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
+from maskbench.weights import ENV
 from tests.conftest import tiny_overrides
 
 
@@ -81,8 +82,19 @@ def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, capsys, ca
 
 
 def test_eval_reference_without_weights_exits_2(tmp_path, synth_root, capsys):
-    code = main(["eval", "reference", str(synth_root / "val"), "--inception-weights", str(tmp_path / "nope.pt")])
+    code = main(["eval", "reference", str(synth_root / "val"), f"eval.inception_weights={tmp_path / 'nope.pt'}"])
     assert code == 2 and "pass eval.inception_weights=PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, expected", [([], "needs the Inception weights"),
+                                             (["eval.inception_weight=x.pt"], "got 'eval.inception_weight=x.pt'"),
+                                             (["eval.n_samples=10"], "eval reference takes eval.inception_weights=")])
+def test_eval_reference_refuses_missing_or_unknown_keys_in_one_line(tmp_path, synth_root, capsys, monkeypatch,
+                                                                    given, expected):
+    monkeypatch.delenv(ENV, raising=False)
+    assert main(["eval", "reference", str(synth_root / "val"), *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
 
 
 def test_random_clip_runs_end_to_end_but_is_never_written_as_a_clip_score(tmp_path, synth_root):

@@ -13,10 +13,11 @@ import scipy.stats
 import torch
 
 from maskbench.cli import main
-from maskbench.config import ConfigError, load_config
+from maskbench.config import load_config
+from maskbench.errors import ConfigError
+from maskbench.results.estimators import debiased_cosine
 from maskbench.runs import gradfid
 from maskbench.runs.gradfid import probe_gradfid
-from maskbench.results.stats import debiased_cosine
 from maskbench.runs.launch import train
 from tests.conftest import tiny_overrides
 

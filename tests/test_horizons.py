@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from maskbench.config import ConfigError, load_config
+from maskbench.config import load_config
 from maskbench.data.dataset import resolve_dataset
+from maskbench.errors import ConfigError
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
 from maskbench.train.schedule import make_schedule

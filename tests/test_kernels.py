@@ -11,17 +11,18 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 import pytest
 import torch
 from torch import nn
 
 from maskbench.models import kernels
-from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens, scatter_tokens
+from maskbench.models.presets import ModelConfig
 
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 
@@ -46,9 +47,9 @@ def test_reference_matches_definition() -> None:
     for b in range(B):
         for k in range(K):
             assert torch.equal(kept[b, k], x[b, keep[b, k]] + pos[keep[b, k]])
-        for l in range(L):
-            expected = kept[b, (keep[b] == l).nonzero()[0, 0]] if l in keep[b] else fill + pos[l]
-            assert torch.equal(restored[b, l], expected)
+        for row in range(L):
+            expected = kept[b, (keep[b] == row).nonzero()[0, 0]] if row in keep[b] else fill + pos[row]
+            assert torch.equal(restored[b, row], expected)
 
 
 def test_reference_gradcheck() -> None:

@@ -56,8 +56,8 @@ def test_latent_run_decodes_samples_and_scores_fid_and_clip(tmp_path: Path, opts
     inception = standins.write_inception(tmp_path / "standin-inception.pt")
     dinov2 = tmp_path / "random-vit.pth"  # a random small timm ViT in DINOv2's place: plumbing, not FD-DINOv2
     torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), dinov2)
-    assert main(["eval", "reference", str(latent_root / "val"), "--inception-weights", str(inception),
-                 "--dinov2-model", "vit_tiny_patch16_224", "--dinov2-weights", str(dinov2)]) == 0
+    assert main(["eval", "reference", str(latent_root / "val"), f"eval.inception_weights={inception}",
+                 "eval.dinov2_model=vit_tiny_patch16_224", f"eval.dinov2_weights={dinov2}"]) == 0
     reference = load_stats(latent_root / "val" / "inception_stats.npz")
     assert (reference.resolution, reference.n, reference.source) == (32, 6, str(shards.resolve()))
     assert load_stats(latent_root / "val" / "dinov2_stats.npz").mu.shape == (192,)
@@ -88,7 +88,7 @@ def test_latent_run_without_image_metric_inputs_is_refused_before_training(
     with_weights = f"eval.inception_weights={inception}"
     other_size = tmp_path / "ref64" / "inception_stats.npz"
     assert main(["eval", "reference", str(shards), "--size", "64",
-                 "--inception-weights", str(inception), "--out", str(other_size)]) == 0
+                 f"eval.inception_weights={inception}", "--out", str(other_size)]) == 0
     cases = {
         "Inception weights not configured": [],
         "no reference statistics at": [with_weights],
@@ -106,7 +106,7 @@ def test_latent_run_without_image_metric_inputs_is_refused_before_training(
 def test_a_missing_recorded_vae_is_refused(tmp_path: Path, opts: EncodeOptions, latent_root: Path,
                                            capsys: pytest.CaptureFixture) -> None:
     inception = standins.write_inception(tmp_path / "standin-inception.pt")
-    main(["eval", "reference", str(latent_root / "val"), "--inception-weights", str(inception)])
+    main(["eval", "reference", str(latent_root / "val"), f"eval.inception_weights={inception}"])
     Path(opts.vae, "config.json").unlink()                                       # the VAE the manifest records
     capsys.readouterr()
     assert main(["run", *run_overrides(tmp_path, latent_root, f"eval.inception_weights={inception}")]) == 2
@@ -135,7 +135,7 @@ def test_decoded_held_out_latents_score_far_below_decoded_noise(tmp_path: Path) 
     encode(synth / "val", tmp_path / "latent-val", EncodeOptions(vae=str(tmp_path / "vae"), text_model=clip,
                                                                  resolution=32), progress=False)
     inception = standins.write_inception(tmp_path / "standin-inception.pt")
-    assert main(["eval", "reference", str(tmp_path / "latent-val"), "--inception-weights", str(inception)]) == 0
+    assert main(["eval", "reference", str(tmp_path / "latent-val"), f"eval.inception_weights={inception}"]) == 0
     reference = load_stats(tmp_path / "latent-val" / "inception_stats.npz")
     manifest = json.loads((tmp_path / "latent-val" / "manifest.json").read_text())
     decoder = LatentDecoder(VaeSpec.from_manifest(manifest["latent"]), torch.device("cpu"))
@@ -166,7 +166,7 @@ def test_latent_demotion_end_to_end_with_a_small_random_vae(tmp_path: Path, opts
                                                             monkeypatch) -> None:
     """encode --demote 0.75,0.5 -> train a route table on the demoted latents (the exact FLOPs plan) -> probe
     them with the round-trip control; a route whose ratio was not encoded is refused before any work."""
-    from maskbench.config import ConfigError
+    from maskbench.errors import ConfigError
     from maskbench.models import objective
     from maskbench.runs.gradfid import probe_gradfid
     from maskbench.train.loop import Trainer

@@ -14,29 +14,54 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "maskbench"
 LAYERS = ["data", "models", "train", "eval", "results", "runs", "cli"]
 BASE = {"maskbench", "maskbench.conf", "maskbench.config", "maskbench.models.presets", "maskbench.files",
-        "maskbench.errors", "maskbench.manifest", "maskbench.weights"}
+        "maskbench.errors", "maskbench.manifest", "maskbench.weights", "maskbench.metrics"}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Every maskbench module a file imports, at any depth of its code."""
+def dynamic_import(node: ast.Call) -> str | None:
+    """The module an `importlib.import_module(...)` call names: its string, or for an f-string the literal
+    text before the first `{...}` followed by `*` (any module under that prefix); None for any other call."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name != "import_module" or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return f"{arg.values[0].value}*"
+    return None
+
+
+def imports(path: Path, top: str = "maskbench") -> set[str]:
+    """Every module of package `top` a file imports, at any depth of its code, importlib loads included."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("maskbench")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("maskbench"):
+            found |= {alias.name for alias in node.names if alias.name.startswith(top)}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(top):
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from package import module`
+        elif isinstance(node, ast.Call) and (target := dynamic_import(node)) and target.startswith(top):
+            found.add(target)
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    return {name: {m for m in imports(path) if m in modules and m != name} for name, path in modules.items()}
+def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports; an f-string load stands for every module its prefix names."""
+    modules = {module_name(path, package): path for path in package.rglob("*.py")}
+
+    def resolve(target: str) -> set[str]:
+        if target.endswith("*"):
+            return {m for m in modules if m.startswith(target[:-1])}
+        return {target} if target in modules else set()
+
+    return {name: {m for t in imports(path, package.name) for m in resolve(t) if m != name}
+            for name, path in modules.items()}
 
 
 def layer(module: str) -> int:
@@ -52,8 +77,9 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert upward == []
 
 
-def test_there_is_no_import_loop() -> None:
-    edges, state, loops = graph(), {}, []
+def import_loops(edges: dict[str, set[str]]) -> list[str]:
+    """Every cycle a depth-first walk of the graph meets, as "a -> b -> a"."""
+    state, loops = {}, []
 
     def visit(module: str, trail: list[str]) -> None:
         state[module] = "open"
@@ -67,7 +93,24 @@ def test_there_is_no_import_loop() -> None:
     for module in sorted(edges):
         if module not in state:
             visit(module, [module])
-    assert loops == []
+    return loops
+
+
+def test_there_is_no_import_loop() -> None:
+    assert import_loops(graph()) == []
+
+
+def test_an_importlib_loop_is_caught(tmp_path: Path) -> None:
+    """A driver that loads its plug-ins by name, plug-ins that import the driver back: both spellings of
+    the load (a literal and an f-string over a package) close the loop the test must see."""
+    package = tmp_path / "pkg"
+    (package / "plugins").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "plugins" / "__init__.py").write_text("")
+    (package / "plugins" / "one.py").write_text("from pkg.driver import run\n")
+    for load in ['importlib.import_module("pkg.plugins.one")', 'importlib.import_module(f"pkg.plugins.{name}")']:
+        (package / "driver.py").write_text(f"import importlib\n\ndef run(name):\n    return {load}\n")
+        assert import_loops(graph(package)) == ["pkg.driver -> pkg.plugins.one -> pkg.driver"]
 
 
 def test_the_layers_cover_every_module() -> None:

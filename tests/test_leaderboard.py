@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from maskbench.cli import main as cli_main
 from maskbench.results import leaderboard
 from maskbench.results.leaderboard import COLUMNS, append_rows, read_rows
-from maskbench.cli import main as cli_main
 from maskbench.results.report import leaderboard_main, load_plan
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,11 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from maskbench.config import ConfigError, load_config
-from maskbench.models.dit import DiT, ModelConfig, SkipGate, long_skip_pairs, skip_scales
+from maskbench.config import load_config
+from maskbench.errors import ConfigError
+from maskbench.models.dit import DiT, LongSkipFusion, SkipGate, long_skip_pairs, skip_scales
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
-from maskbench.models.presets import PRESETS
+from maskbench.models.presets import PRESETS, ModelConfig
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
 from tests.conftest import randomized, tiny_overrides
@@ -178,6 +179,13 @@ def test_skip_init_uvit_is_trunc_normal_and_an_unknown_one_is_refused() -> None:
         _model(depth=5, long_skip="concat", skip_init="xavier")
     with pytest.raises(ValueError, match="'xavier' is not a valid SkipInit"):
         dit.init_skips("xavier")
+
+
+def test_an_unknown_long_skip_fusion_is_refused_not_built_as_concat() -> None:
+    with pytest.raises(ValueError, match=re.escape("model.long_skip must be none|concat_ln|concat; got 'unet'")):
+        _model(depth=5, long_skip="unet")
+    with pytest.raises(ValueError, match="'unet' is not a valid LongSkipKind"):
+        LongSkipFusion(8, "unet", 1.0)
 
 
 def test_default_model_has_no_long_skip_layers() -> None:

@@ -9,8 +9,15 @@ import pytest
 import torch
 
 import maskbench.train.mfu as mfu_module
-from maskbench.train.mfu import (bench_peak_main, cached_gemm_peak, device_peak, matmul_precision, measure_gemm_peak,
-                                 mfu, table_peak)
+from maskbench.train.mfu import (
+    bench_peak_main,
+    cached_gemm_peak,
+    device_peak,
+    matmul_precision,
+    measure_gemm_peak,
+    mfu,
+    table_peak,
+)
 
 
 def test_mfu_is_model_flops_over_device_seconds_times_peak():

@@ -6,7 +6,8 @@ import json
 from functools import partial
 
 from maskbench.config import load_config
-from maskbench.data.shards import decode_image_caption, make_loader
+from maskbench.data.loader import make_loader
+from maskbench.data.shards import decode_image_caption
 from maskbench.data.synth import write_synth
 from maskbench.runs.launch import train
 from tests.conftest import tiny_overrides

@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_real import (
-    brushdata_members, cut_after_member, image_bytes, make_brushdata, make_journeydb, write_tar,
-)
 from maskbench.cli import main
 from maskbench.data.pack import PackOptions, iter_tar_samples, pack
 from maskbench.data.shards import shard_urls
@@ -19,6 +16,14 @@ from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.sources.journeydb import plan_journeydb
 from maskbench.data.verify import verify
 from maskbench.manifest import read_manifest
+from tests.fixtures_real import (
+    brushdata_members,
+    cut_after_member,
+    image_bytes,
+    make_brushdata,
+    make_journeydb,
+    write_tar,
+)
 
 PER_SAMPLE = len(brushdata_members("0", b"", b""))  # tar members per BrushData sample
 

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
-
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -75,9 +74,9 @@ class MixedDevices(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def host_generators(seed: int, stream: int, step: int, purpose: str, device: torch.device = torch.device("cpu")):
+def host_generators(seed: int, stream: int, step: int, purpose: str, device: torch.device | str = "cpu"):
     """The step's generators on the host: `meta` cannot hold one (a GPU can: this is the stand-in's one gap)."""
-    return step_generator(seed, stream, step, purpose, torch.device("cpu"))
+    return step_generator(seed, stream, step, purpose, "cpu")
 
 
 @pytest.mark.parametrize("arm", [arm for arm in known_arms() if arm != "lsc_convert"])  # lsc_convert: an init_from source

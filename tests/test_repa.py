@@ -14,15 +14,17 @@ from safetensors import safe_open
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from maskbench.config import ConfigError, load_config
+from maskbench.config import load_config
 from maskbench.data.dataset import DatasetInfo
+from maskbench.errors import ConfigError
 from maskbench.eval import oracle
-from maskbench.train import repa
-from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
+from maskbench.models.presets import ModelConfig
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
+from maskbench.train import repa
 from maskbench.train.flops import repa_step_flops, train_step_flops, vit_forward_flops
 from maskbench.train.loop import Trainer
 from tests.conftest import randomized, tiny_overrides

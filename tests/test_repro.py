@@ -11,11 +11,11 @@ import pytest
 import yaml
 from safetensors.torch import load_file, save_file
 
-from maskbench.config import load_config
 from maskbench.cli import main
+from maskbench.config import load_config
 from maskbench.files import folder_change, write_folder_digests
-from maskbench.runs.repro import repro_main
 from maskbench.runs.launch import train
+from maskbench.runs.repro import repro_main
 from maskbench.train.checkpoint import EMA_FILE, MODEL_FILE
 from tests.conftest import tiny_overrides
 

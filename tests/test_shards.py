@@ -1,4 +1,5 @@
-"""Canonical shard writer, manifest, safe decoding and the deterministic loader that resumes by seeking."""
+"""Canonical shard writer, manifest, safe decoding (`data/shards.py`) and the deterministic loader that resumes
+by seeking (`data/loader.py`)."""
 
 import hashlib
 import io
@@ -19,25 +20,21 @@ import torch
 from PIL import Image
 from webdataset.tariterators import tar_file_iterator
 
-from maskbench.data import shards
+from maskbench.data import loader as shard_loader
+from maskbench.data.loader import LOADER_STREAMS, TooManyBadSamples, auto_workers, make_loader
 from maskbench.data.shards import (
-    FORMAT,
-    LOADER_STREAMS,
     BadSample,
     CanonicalShardWriter,
-    TooManyBadSamples,
-    auto_workers,
     decode_image,
     decode_image_caption,
     decode_npy,
     decode_text,
-    make_loader,
-    read_manifest,
     shard_urls,
 )
-from maskbench.config import ConfigError
 from maskbench.data.synth import write_synth
+from maskbench.errors import ConfigError
 from maskbench.files import sha256_file, write_atomic, write_json_atomic
+from maskbench.manifest import FORMAT, read_manifest
 
 PNG = (np.arange(4 * 5 * 3) * 7 % 256).astype(np.uint8).reshape(4, 5, 3)
 
@@ -288,7 +285,7 @@ def test_a_resume_decodes_nothing_before_its_position_whatever_the_step(synth_tr
             members.append(member["fname"])
             yield member
 
-    monkeypatch.setattr(shards, "tar_file_iterator", counting)
+    monkeypatch.setattr(shard_loader, "tar_file_iterator", counting)
     loader = make_loader(synth_train, **LOADER, decode=recording)
     batches = iter(loader)
     take(batches, k)
@@ -326,13 +323,13 @@ def test_a_stop_signal_before_a_worker_set_its_handlers_does_not_kill_it(synth_t
     """The window the test above can only hit by chance, made certain: every worker signals itself before
     its handlers are installed. Workers are born with the stop signals blocked, so the signal waits and
     meets the handler; repeated, so a race would show."""
-    real = shards._defer_stop_signals
+    real = shard_loader._defer_stop_signals
 
     def signalled_first(*args) -> None:
         os.kill(os.getpid(), stop)  # before the handlers: with the default action this would kill the worker
         real(*args)
 
-    monkeypatch.setattr(shards, "_defer_stop_signals", signalled_first)
+    monkeypatch.setattr(shard_loader, "_defer_stop_signals", signalled_first)
     expected = keys(take(make_loader(synth_train, **LOADER, num_workers=2), 3))
     for _ in range(5):
         assert keys(take(make_loader(synth_train, **LOADER, num_workers=2), 3)) == expected
@@ -340,7 +337,7 @@ def test_a_stop_signal_before_a_worker_set_its_handlers_does_not_kill_it(synth_t
 
 EXIT_WITH_LIVE_WORKERS = """
 import multiprocessing, sys
-from maskbench.data.shards import make_loader
+from maskbench.data.loader import make_loader
 
 LIVE = []
 

@@ -11,10 +11,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.fixtures_real import (
-    add_symlink, bomb_png, brushdata_members, image_bytes, internvl_record, journeydb_record, make_brushdata,
-    make_journeydb, make_sa1b, sa1b_members, truncate, write_jsonl, write_tar,
-)
 from maskbench.cli import main
 from maskbench.data.pack import PackOptions, iter_tar_samples, pack
 from maskbench.data.shards import shard_urls
@@ -22,6 +18,21 @@ from maskbench.data.sources.brushdata import decode_brushdata_rle, plan_brushdat
 from maskbench.data.sources.journeydb import plan_journeydb
 from maskbench.data.sources.sa1b import plan_sa1b
 from maskbench.manifest import read_manifest
+from tests.fixtures_real import (
+    add_symlink,
+    bomb_png,
+    brushdata_members,
+    image_bytes,
+    internvl_record,
+    journeydb_record,
+    make_brushdata,
+    make_journeydb,
+    make_sa1b,
+    sa1b_members,
+    truncate,
+    write_jsonl,
+    write_tar,
+)
 
 QUIET = PackOptions(maxcount=2)
 

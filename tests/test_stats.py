@@ -12,14 +12,25 @@ import scipy.stats
 from PIL import Image
 
 from maskbench.results import mlperf
+from maskbench.results.estimators import (
+    agreement,
+    bootstrap_ci,
+    holm,
+    mean_ci,
+    minimum_detectable_effect,
+    paired_difference,
+    ratio_summary,
+    ratio_verdict,
+    verdict,
+    welch_difference,
+)
 from maskbench.results.leaderboard import append_rows, read_rows
+from maskbench.results.multiplicity import Family, correct, corrected_difference
 from maskbench.results.plots import plot_leaderboard
 from maskbench.results.report import leaderboard_main
-from maskbench.results.stats import (
-    Family, agreement, bootstrap_ci, compute_to_target, correct, corrected_difference, holm, mean_ci,
-    minimum_detectable_effect, monotone_fit, paired_difference, ratio_summary, ratio_verdict, render, summarize,
-    verdict, welch_difference,
-)
+from maskbench.results.summary import summarize
+from maskbench.results.tables import render
+from maskbench.results.targets import compute_to_target, monotone_fit
 
 # Two-sided 95% / 99% Student-t quantiles from a printed table (df = 2, 3, 4), and the one-sided 80% ones
 # (the power term of the minimum detectable effect).

@@ -13,10 +13,11 @@ import pytest
 
 from maskbench import cli
 from maskbench.cli import main
-from maskbench.config import ConfigError, config_hash, run_id
+from maskbench.config import config_hash, run_id
+from maskbench.errors import ConfigError
 from maskbench.results.leaderboard import append_rows, read_rows
 from maskbench.runs import launch
-from maskbench.train.sweep import cell_states, csv_paths, expand_grid, plan_sweep, with_study
+from maskbench.runs.sweep import cell_states, csv_paths, expand_grid, plan_sweep, with_study
 from tests.conftest import tiny_overrides
 from tests.test_cli_imports import CHILD, REPO
 
@@ -201,7 +202,7 @@ def test_status_and_studies_do_not_import_torch(argv):
 def test_the_shipped_studies_are_valid_grids_with_their_own_csv(study, cells):
     """Every cell of the committed studies composes (a typo would waste the sittings before it), and each study
     writes its own CSV; a cluster user replaces axes without editing the file."""
-    from maskbench.train.sweep import plan_sweep, with_study
+    from maskbench.runs.sweep import plan_sweep, with_study
     runs = plan_sweep(with_study([f"study={study}"])[1])
     # rerun.csv: the committed leaderboard.csv holds rows of the code before common noise and cooled horizons
     assert len(runs) == cells and {cfg.paths.leaderboard for _, cfg in runs} == {f"results/{study}/rerun.csv"}

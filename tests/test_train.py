@@ -163,7 +163,8 @@ def test_the_loader_tokenizes_captions_off_the_training_step(synth_root):
 
     import torch
 
-    from maskbench.data.shards import decode_image_caption, make_loader
+    from maskbench.data.loader import make_loader
+    from maskbench.data.shards import decode_image_caption
     from maskbench.models.text import tokenize, with_token_ids
 
     decode = functools.partial(with_token_ids, decode=decode_image_caption, context_len=24)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_real import make_brushdata
 from maskbench.cli import main
 from maskbench.data.pack import PackOptions, pack
 from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.verify import verify
+from tests.fixtures_real import make_brushdata
 
 
 @pytest.fixture

@@ -106,8 +106,8 @@ def test_the_loaders_open_the_file_from_the_weights_folder(tmp_path: Path, laten
     monkeypatch.delenv(ENV, raising=False)
     folder = tmp_path / "weights"
     folder.mkdir()
-    inception = standins.write_inception(folder / "inception-2015-12-05.pt")
-    assert main(["eval", "reference", str(latent_root / "val"), "--inception-weights", str(inception)]) == 0
+    standins.write_inception(folder / "inception-2015-12-05.pt")
+    assert main(["eval", "reference", str(latent_root / "val"), f"paths.weights={folder}"]) == 0  # set once
     cfg = load_config(run_overrides(tmp_path, latent_root))
     data = resolve_dataset(cfg.data, cfg.paths.data)
     with pytest.raises(MissingWeights, match="not configured"):

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from maskbench.config import ConfigError, DataConfig
+from maskbench.config import DataConfig
 from maskbench.data.demote import demoted_size, ratio_key
 from maskbench.data.shards import decode_image_caption, decode_latent_text
+from maskbench.errors import ConfigError
 from maskbench.manifest import read_manifest
 
 

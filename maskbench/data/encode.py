@@ -32,11 +32,21 @@ from accelerate import Accelerator
 from PIL import ImageOps
 from torchvision.transforms.functional import pil_to_tensor
 
-from maskbench.config import ConfigError
 from maskbench.data.demote import demoted_size, latent_field, parse_ratios, ratio_key, resize
 from maskbench.data.pack import claim_output, commit_unit, iter_tar_samples, merge_parts, run_units, unit_done
-from maskbench.data.shards import (IMAGE_EXTS, TAR_MTIME, BadSample, Skip, decode_image, decode_json, decode_text,
-                                    encode_npy, read_manifest, shard_entry)
+from maskbench.data.shards import (
+    IMAGE_EXTS,
+    TAR_MTIME,
+    BadSample,
+    Skip,
+    decode_image,
+    decode_json,
+    decode_text,
+    encode_npy,
+    shard_entry,
+)
+from maskbench.errors import ConfigError
+from maskbench.manifest import read_manifest
 
 LATENT_DTYPE = np.float16
 

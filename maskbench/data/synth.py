@@ -21,8 +21,8 @@ from filelock import FileLock
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from maskbench.config import ConfigError
 from maskbench.data.shards import CanonicalShardWriter
+from maskbench.errors import ConfigError
 from maskbench.manifest import read_manifest
 
 SHAPES = ("circle", "square", "triangle")
@@ -86,7 +86,7 @@ def sample_scene(rng: np.random.Generator, min_objects: int = 1, max_objects: in
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stamp(shape: str, extent: int) -> np.ndarray:
     """The shape's extent×extent boolean mask, drawn once with PIL and reused for every object."""
     image = Image.new("1", (extent, extent))

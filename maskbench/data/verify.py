@@ -16,9 +16,17 @@ import numpy as np
 
 from maskbench.data.demote import latent_field
 from maskbench.data.pack import iter_tar_samples
-from maskbench.data.shards import (IMAGE_EXTS, BadSample, Skip, decode_image, decode_json, decode_npy, decode_text,
-                                   read_manifest)
+from maskbench.data.shards import (
+    IMAGE_EXTS,
+    BadSample,
+    Skip,
+    decode_image,
+    decode_json,
+    decode_npy,
+    decode_text,
+)
 from maskbench.files import sha256_file
+from maskbench.manifest import read_manifest
 
 
 @dataclass

@@ -24,7 +24,7 @@ from huggingface_hub import try_to_load_from_cache
 from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 from PIL import Image
 
-from maskbench.config import ConfigError
+from maskbench.errors import ConfigError
 from maskbench.eval.fid import MissingWeights, as_uint8_images
 
 DEFAULT_MODEL = "ViT-H-14"

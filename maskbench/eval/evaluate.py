@@ -26,11 +26,19 @@ from maskbench.config import EvalConfig
 from maskbench.data.dataset import DatasetInfo
 from maskbench.data.shards import BadSample, shard_urls
 from maskbench.data.synth import scene_from_json
-from maskbench.config import ConfigError
+from maskbench.errors import ConfigError
 from maskbench.eval.clip import ClipScorer, check_clip, clip_metrics
 from maskbench.eval.decode import LatentDecoder, resolve_vae
-from maskbench.eval.fid import (DinoV2Features, FeatureStats, InceptionFeatures, bootstrap_counts, bootstrap_frechet,
-                                gather_features, load_stats, reference_stats)
+from maskbench.eval.fid import (
+    DinoV2Features,
+    FeatureStats,
+    InceptionFeatures,
+    bootstrap_counts,
+    bootstrap_frechet,
+    gather_features,
+    load_stats,
+    reference_stats,
+)
 from maskbench.eval.grid import GRID_FILE, prompt_grid
 from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, inference_precision, to_uint8
@@ -450,7 +458,7 @@ def check_eval_inputs(data: DatasetInfo, cfg: EvalConfig) -> None:
     if not data.synthetic and cfg.dinov2_weights:
         DinoV2Features.check_weights(cfg.dinov2_weights, cfg.dinov2_model)
         _check_reference(dinov2_stats_path(data, cfg), cfg.dinov2_model, data,
-                         "--dinov2-weights to `maskbench eval reference`")
+                         "eval.dinov2_weights to `maskbench eval reference`")
     if cfg.clip_model:
         check_clip(cfg.clip_model, cfg.clip_weights)
 
@@ -459,7 +467,7 @@ def _check_reference(path: Path, features: str, data: DatasetInfo, how: str) -> 
     """Reference statistics exist, in the feature space the run will use, of images at the samples' size."""
     if not path.is_file():
         raise ConfigError(f"no reference statistics at {path}: build them with `maskbench eval reference "
-                          f"{data.val_dir} --inception-weights PT` (or pass {how})")
+                          f"{data.val_dir} eval.inception_weights=PT` (or pass {how})")
     stats = load_stats(path)
     if stats.features_name != features:
         raise ConfigError(f"reference statistics at {path} are {stats.features_name!r} features; this run "

@@ -21,7 +21,7 @@ from cleanfid.downloads_helper import inception_url
 from cleanfid.resize import build_resizer
 from scipy import linalg
 
-from maskbench.config import UserError
+from maskbench.errors import UserError
 
 if TYPE_CHECKING:
     from accelerate import Accelerator

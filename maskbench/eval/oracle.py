@@ -25,8 +25,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from maskbench.config import ConfigError
 from maskbench.data import synth
+from maskbench.errors import ConfigError
 from maskbench.eval.fid import as_uint8_images
 
 ORACLE_NAME = "oracle-synth-v1"

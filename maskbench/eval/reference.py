@@ -19,8 +19,8 @@ import webdataset as wds
 from PIL import Image, ImageOps
 from tqdm import tqdm
 
-from maskbench.config import ConfigError
 from maskbench.data.shards import BadSample, decode_image, shard_urls
+from maskbench.errors import ConfigError
 from maskbench.eval.fid import DinoV2Features, FeatureExtractor, FeatureStats, InceptionFeatures, reference_stats_many
 from maskbench.manifest import read_manifest
 

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import torch
 
 from maskbench.data.dataset import DatasetInfo
-from maskbench.models.dit import DiT, ModelConfig
+from maskbench.models.dit import DiT
+from maskbench.models.presets import ModelConfig
 from maskbench.models.text import SynthTextEncoder, with_token_ids
 
 

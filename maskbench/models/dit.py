@@ -30,7 +30,7 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens
-from maskbench.models.presets import SKIP_GATE_REDUCTION, LongSkip, ModelConfig, SkipInit, SkipScale, check_model
+from maskbench.models.presets import SKIP_GATE_REDUCTION, LongSkipKind, ModelConfig, SkipInit, SkipScale, check_model
 from maskbench.models.routing import run_routed
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
@@ -134,9 +134,9 @@ class LongSkipFusion(nn.Module):
     λ is `scale`, a fixed coefficient (1 = unscaled), or a learned per-token gate passed to forward.
     """
 
-    def __init__(self, width: int, fusion: str, scale: float) -> None:
+    def __init__(self, width: int, fusion: LongSkipKind, scale: float) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(2 * width, eps=1e-6) if fusion == LongSkip.concat_ln else nn.Identity()
+        self.norm = nn.LayerNorm(2 * width, eps=1e-6) if LongSkipKind(fusion) == LongSkipKind.concat_ln else nn.Identity()
         self.proj = nn.Linear(2 * width, width)
         self.scale = scale
 
@@ -269,7 +269,7 @@ class DiT(nn.Module):
         self.null_context = nn.Parameter(torch.zeros(cfg.width))
         self.mixer = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.mixer_depth))
         self.blocks = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
-        pairs = long_skip_pairs(cfg.depth) if cfg.long_skip != LongSkip.none else []
+        pairs = long_skip_pairs(cfg.depth) if cfg.long_skip != LongSkipKind.none else []
         self.long_skips = nn.ModuleDict({str(i): LongSkipFusion(cfg.width, cfg.long_skip, scale)
                                          for (i, _), scale in zip(pairs, skip_scales(cfg))})  # by fusing block
         gates = {SkipScale.learned_shared: 1, SkipScale.learned_per_skip: len(pairs)}.get(cfg.skip_scale, 0)

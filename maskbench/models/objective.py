@@ -7,8 +7,7 @@ convention (t = 0 is data, t = 1 is noise) and on what each route's loss is.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F

@@ -6,13 +6,12 @@ they live apart from the network in `dit.py`, which needs torch and timm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Callable
-
 
 Kernels = StrEnum("Kernels", "auto torch triton")              # gather/scatter: auto is Triton on CUDA
-LongSkip = StrEnum("LongSkip", "none concat_ln concat")       # concat_ln: Skip-DiT's fusion; concat: U-ViT's
+LongSkipKind = StrEnum("LongSkipKind", "none concat_ln concat")       # concat_ln: Skip-DiT's fusion; concat: U-ViT's
 # ScaleLong's coefficient on each long skip: kappa (CS, kappa^(N-1-j) on the j-th skip fused, innermost first),
 # constant (1/sqrt(2) on every skip, its control), learned_shared / learned_per_skip (LS, a per-token gate).
 SkipScale = StrEnum("SkipScale", "none kappa constant learned_shared learned_per_skip")
@@ -40,7 +39,7 @@ class ModelConfig:
     text_len: int = 32        # caption context length (tokens) for the synth text encoder
     kernels: Kernels = Kernels.auto  # passed to gather/scatter
     structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
-    long_skip: LongSkip = LongSkip.none
+    long_skip: LongSkipKind = LongSkipKind.none
     skip_scale: SkipScale = SkipScale.none
     skip_kappa: float = 0.5   # ScaleLong's kappa (skip_scale=kappa); its code's default
     skip_init: SkipInit = SkipInit.dit  # how the long-skip fusion layers start (matters most when converting)
@@ -107,7 +106,7 @@ def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
         raise ValueError(f"model.width={cfg.width} must be divisible by 4 (2-D sin-cos positions)")
     if cfg.width % cfg.heads:
         raise ValueError(f"model.width={cfg.width} is not divisible by model.heads={cfg.heads}")
-    for name, enum in {"long_skip": LongSkip, "skip_scale": SkipScale, "skip_init": SkipInit,
+    for name, enum in {"long_skip": LongSkipKind, "skip_scale": SkipScale, "skip_init": SkipInit,
                        "kernels": Kernels}.items():
         if getattr(cfg, name) not in {m.value for m in enum}:
             raise ValueError(f"model.{name} must be {'|'.join(m.value for m in enum)}; got {getattr(cfg, name)!r}")
@@ -125,7 +124,7 @@ def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
 def _check_long_skip(cfg: ModelConfig) -> None:
     """The ScaleLong options act on long skips only: a scale without skips, or a kappa without the kappa
     scale, would train a model other than the one its config names."""
-    if cfg.skip_scale != SkipScale.none and cfg.long_skip == LongSkip.none:
+    if cfg.skip_scale != SkipScale.none and cfg.long_skip == LongSkipKind.none:
         raise ValueError(f"model.skip_scale={cfg.skip_scale} scales long skips: set model.long_skip=concat "
                          "(U-ViT's fusion, as ScaleLong) or concat_ln")
     if cfg.skip_kappa != ModelConfig.skip_kappa and cfg.skip_scale != SkipScale.kappa:
@@ -158,5 +157,5 @@ def _check_routing(cfg: ModelConfig) -> None:
     start, end = route_span(cfg)
     if not 0 <= start <= end < cfg.depth:
         raise ValueError(f"model's routed span, blocks {start}..{end}, must lie within its {cfg.depth} backbone blocks")
-    if cfg.long_skip != LongSkip.none:
+    if cfg.long_skip != LongSkipKind.none:
         raise ValueError(f"model.route_ratio (TREAD) with model.long_skip={cfg.long_skip} is not built")

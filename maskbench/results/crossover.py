@@ -10,7 +10,7 @@ Per seed (the two arms share initial weights, data order and evaluation noise), 
 loss alike (co-primary), the target is the baseline run's value at the horizon read off the monotone
 fit of its curve, and
     ratio_s = FLOPs the masked run needs to reach it / FLOPs the baseline run needs to reach it,
-both read off the runs' monotone fits (`stats.seed_ratio`). ratio < 1: masking reaches the same quality
+both read off the runs' monotone fits (`targets.seed_ratio`). ratio < 1: masking reaches the same quality
 with less compute. A ratio is only bounded when the masked run is there at its first point (<=) or never
 (>); the cell then says so instead of pretending to a value. The cell's ratio is the geometric mean over
 seeds with a Student-t interval on log ratio (ratios multiply, so their logs are what averages).
@@ -28,10 +28,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
+from maskbench.results.estimators import (
+    Difference,
+    Ratio,
+    agreement,
+    paired_difference,
+    ratio_summary,
+    ratio_verdict,
+    sampling_ses,
+)
 from maskbench.results.leaderboard import Row
-from maskbench.results.stats import (CO_PRIMARY, EXPLORATORY, LABELS, LOWER_IS_BETTER, Difference, Family, Ratio,
-                                     adjust, agreement, corrected_difference, horizon_target, paired_difference,
-                                     ratio_summary, ratio_verdict, sampling_ses, seed_ratio, source_family)
+from maskbench.results.multiplicity import EXPLORATORY, Family, adjust, corrected_difference
+from maskbench.results.summary import source_family
+from maskbench.results.targets import horizon_target, seed_ratio
 
 if TYPE_CHECKING:  # matplotlib loads only when a map is drawn
     from matplotlib.axes import Axes
@@ -64,9 +74,9 @@ def crossover_cells(rows: Sequence[Row], arm: str = "mask75", baseline: str = "m
                     metrics: Sequence[str] = CO_PRIMARY, level: float = 0.95) -> list[Cell]:
     """Every (model, batch size, baseline eval point) cell with at least one seed run by both arms, read on
     each of `metrics` the rows measure, intervals at `level`."""
-    unknown = [metric for metric in metrics if metric not in LOWER_IS_BETTER]
+    unknown = [metric for metric in metrics if metric not in compared_metrics()]
     if unknown:
-        raise ValueError(f"unknown metric(s) {unknown}; choose from {', '.join(LOWER_IS_BETTER)}")
+        raise ValueError(f"unknown metric(s) {unknown}; choose from {', '.join(compared_metrics())}")
     runs: dict[tuple, dict[str, dict[int, list[Row]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     latest = {(row["run_id"], row["point"]): row for row in rows if not row["source"]}
     for row in latest.values():
@@ -115,13 +125,13 @@ def _reading(base: dict[int, list[Row]], masked: dict[int, list[Row]], seeds: li
         return None
     same = [next((r for r in masked[s] if r["point"] == point and r[metric] is not None), None) for s in seeds]
     difference = None if None in same else paired_difference(
-        [r[metric] for r in same], [r[metric] for r in at], LOWER_IS_BETTER[metric], level,
+        [r[metric] for r in same], [r[metric] for r in at], get_metric(metric).lower_is_better, level,
         arm_se=sampling_ses(same, metric), base_se=sampling_ses(at, metric))
     return Reading(ratio, difference)
 
 
 def correct_cells(cells: Sequence[Cell], family: Family) -> tuple[list[Cell], int]:
-    """The cells with the p-values of the family's tests adjusted together (`stats.adjust`), each
+    """The cells with the p-values of the family's tests adjusted together (`multiplicity.adjust`), each
     difference's verdict re-read at the corrected p, and the number of tests in the family: per cell and
     planned metric, the FLOPs ratio (when FLOPs is the plan's compute axis) and the paired difference."""
     def planned_ps(metric: str, reading: Reading) -> list[float]:
@@ -146,13 +156,13 @@ def correct_cells(cells: Sequence[Cell], family: Family) -> tuple[list[Cell], in
 
 
 def cell_verdicts(cell: Cell, alpha: float) -> dict[str, str]:
-    """Per metric, what the cell's FLOPs ratio allows one to say (`stats.ratio_verdict`)."""
+    """Per metric, what the cell's FLOPs ratio allows one to say (`estimators.ratio_verdict`)."""
     return {metric: ratio_verdict(reading.ratio, alpha) for metric, reading in cell.readings.items()}
 
 
 def _agreement(cell: Cell, alpha: float) -> str:
     """"disagree (ratio)", "(Δ)" or "(ratio, Δ)" where the metrics' ratio or difference verdicts point
-    different ways; otherwise `stats.agreement` of the ratios."""
+    different ways; otherwise `estimators.agreement` of the ratios."""
     ratios = list(cell_verdicts(cell, alpha).values())
     differences = [r.difference.verdict for r in cell.readings.values() if r.difference]
     split = [name for name, verdicts in (("ratio", ratios), ("Δ", differences)) if agreement(verdicts) == "disagree"]
@@ -180,7 +190,7 @@ def render_cells(cells: Sequence[Cell], family: Family = EXPLORATORY) -> str:
     pct = f"{100 * (1 - family.alpha):g}%"
     per_metric = (f"FLOPs ratio ({pct} CI)", "p adj", "ratio verdict", f"Δ ({pct} CI)", "verdict")
     header = ["model", "params", "batch", "horizon", "FLOPs", "n",
-              *(f"{LABELS[m]} {column}" for m in metrics for column in per_metric), "pays", "metrics", "reading"]
+              *(f"{get_metric(m).label} {column}" for m in metrics for column in per_metric), "pays", "metrics", "reading"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for c in cells:
         verdicts = cell_verdicts(c, family.alpha)
@@ -189,7 +199,7 @@ def render_cells(cells: Sequence[Cell], family: Family = EXPLORATORY) -> str:
         lines.append(f"| {c.model} | {c.params} | {c.batch_size} | {c.point:g} | {c.horizon_flops:.3g} | {c.n} | "
                      + " | ".join(cells_of_metrics)
                      + f" | {family.pays(verdicts)} | {_agreement(c, family.alpha)} | {', '.join(reading)} |")
-    pays_on = " and ".join(LABELS[m] for m in (family.metrics or CO_PRIMARY))
+    pays_on = " and ".join(get_metric(m).label for m in (family.metrics or CO_PRIMARY))
     return "\n".join(lines + ["", CROSSOVER_NOTE.format(pct=pct, method=family.method, alpha=family.alpha,
                                                         pays_on=pays_on)])
 
@@ -272,7 +282,7 @@ def _heatmap(ax: Axes, cells: Sequence[Cell], metric: str, rows: list[tuple], li
     ax.set_xticks(range(len(points)), [f"{p:g}" for p in points])
     ax.set_yticks(range(len(rows)), [f"{m} b{b}" for _, m, b in rows])
     ax.set(xlabel="horizon (fraction of the budget)",
-           title=f"{LABELS[metric]}: FLOPs to reach the baseline's {LABELS[metric]}, masked / baseline")
+           title=f"{get_metric(metric).label}: FLOPs to reach the baseline's {get_metric(metric).label}, masked / baseline")
     ax.figure.colorbar(image, ax=ax, label="log2 ratio (< 0: masking pays)")
 
 
@@ -305,7 +315,7 @@ def _curves(ax: Axes, cells: Sequence[Cell], metric: str, rows: list[tuple], lim
     ax.axhline(1.0, color="k", lw=0.8)
     margin = 2 ** (1.1 * limit)
     ax.set(xscale="log", yscale="log", ylim=(1 / margin, margin), xlabel="baseline train FLOPs at the horizon",
-           ylabel="FLOPs ratio", title=f"{LABELS[metric]}: ratio against compute (< 1: masking pays)")
+           ylabel="FLOPs ratio", title=f"{get_metric(metric).label}: ratio against compute (< 1: masking pays)")
     ax.yaxis.set_major_locator(LogLocator(base=2))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())

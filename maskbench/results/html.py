@@ -2,7 +2,7 @@
 
 A study is the rows of the leaderboard CSVs in one folder (`results/<study>/`); its page is
 DIR/<study>/report.html. It holds what the text report prints, in the same words and numbers (the
-plan line and `stats.render`'s tables and notes, cell for cell), each group's curves of every measured
+plan line and `tables.render`'s tables and notes, cell for cell), each group's curves of every measured
 metric against FLOPs and GPU-hours with their error bars (`plots.group_curves`), and each arm's final
 sample grid side by side: the prompts and their noise are fixed by the eval config, never by the arm or
 the seed, so the grids show the same prompts. A grid is read from its run directory (RUNS/<run_id>/);
@@ -23,9 +23,12 @@ from pathlib import Path
 from maskbench import __version__
 from maskbench.config import PathsConfig
 from maskbench.eval.grid import GRID_FILE
-from maskbench.results import plots, stats
+from maskbench.results import plots
 from maskbench.results.leaderboard import Row, read_rows
+from maskbench.results.multiplicity import EXPLORATORY, Family, correct
 from maskbench.results.report import NO_PLAN, _plan_for
+from maskbench.results.summary import Summary, measured_groups, summarize
+from maskbench.results.tables import group_label, render
 from maskbench.train.checkpoint import RunDir
 
 PAGE = "report.html"
@@ -49,9 +52,9 @@ class Study:
     paths: list[str]
     rows: list[Row]
     plan_line: str
-    family: stats.Family
+    family: Family
     baseline: str
-    summary: list[stats.Summary]
+    summary: list[Summary]
 
 
 def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | None, on_error: str) -> Study:
@@ -63,8 +66,8 @@ def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | N
     if found and baseline and baseline != found.baseline:
         raise ValueError(f"--baseline {baseline} contradicts {found.path}, whose baseline is {found.baseline}")
     baseline = found.baseline if found else baseline or "mask0"
-    family = found.family(rows) if found else stats.EXPLORATORY
-    summary, tests = stats.correct(stats.summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
+    family = found.family(rows) if found else EXPLORATORY
+    summary, tests = correct(summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
     plan_line = found.describe(rows, tests) if found else NO_PLAN
     return Study(name, list(paths), rows, plan_line, family, baseline, summary)
 
@@ -102,14 +105,14 @@ def study_page(study: Study, runs: Path) -> str:
     source = (f"<p>{len(study.rows)} rows from {escape(', '.join(study.paths))}; written by maskbench "
               f"{__version__} (<code>maskbench leaderboard --html</code>).</p>\n")
     parts = [head, source, f"<p>{escape(study.plan_line)}</p>\n",
-             "<h2>Verdicts</h2>\n", verdict_html(stats.render(study.summary, "markdown", study.family)),
+             "<h2>Verdicts</h2>\n", verdict_html(render(study.summary, "markdown", study.family)),
              "<h2>Curves</h2>\n", curves_html(study), "<h2>Final samples</h2>\n", grids_html(study, runs),
              "</body>\n</html>\n"]
     return "".join(parts)
 
 
 def verdict_html(markdown: str) -> str:
-    """`stats.render`'s Markdown (titles, pipe tables, '- ' notes) as HTML, cell for cell."""
+    """`tables.render`'s Markdown (titles, pipe tables, '- ' notes) as HTML, cell for cell."""
     out, table, notes = [], [], []
     for line in [*markdown.splitlines(), ""]:
         if line.startswith("| "):
@@ -143,8 +146,8 @@ def curves_html(study: Study) -> str:
     pngs = plots.group_curves(study.summary, level=1 - study.family.alpha)
     if not pngs:
         return "<p>No measured rows to draw.</p>\n"
-    return "".join(f"<h3>{escape(stats.group_label(*group))}</h3>\n"
-                   f"{_img(png, 'curves of ' + stats.group_label(*group))}\n" for group, png in pngs.items())
+    return "".join(f"<h3>{escape(group_label(*group))}</h3>\n"
+                   f"{_img(png, 'curves of ' + group_label(*group))}\n" for group, png in pngs.items())
 
 
 @dataclass(frozen=True)
@@ -158,10 +161,10 @@ class FinalGrid:
 
 
 def final_grids(rows: Sequence[Row], runs: Path, baseline: str) -> dict[tuple, list[FinalGrid]]:
-    """Per group (`stats.measured_groups`), per arm (the baseline first), its lowest seed's run at that run's
+    """Per group (`summary.measured_groups`), per arm (the baseline first), its lowest seed's run at that run's
     last eval point in the rows."""
     grids = {}
-    for group, group_rows in stats.measured_groups(rows).items():
+    for group, group_rows in measured_groups(rows).items():
         by_arm: dict[str, list[Row]] = defaultdict(list)
         for row in group_rows:
             by_arm[row["arm"]].append(row)
@@ -183,7 +186,7 @@ def grids_html(study: Study, runs: Path) -> str:
             continue
         head = "".join(f"<th>{escape(grid.arm)} (seed {grid.seed}, point {grid.point:g})</th>" for grid in present)
         cells = "".join(f"<td>{_img(grid.path.read_bytes(), f'{grid.arm} samples')}</td>" for grid in present)
-        out.append(f"<h3>{escape(stats.group_label(*group))}</h3>\n"
+        out.append(f"<h3>{escape(group_label(*group))}</h3>\n"
                    f"<div class=\"scroll\"><table>\n<tr>{head}</tr>\n<tr>{cells}</tr>\n</table></div>\n")
     if missing:
         names = ", ".join(str(grid.path) for grid in missing)

@@ -19,9 +19,13 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from maskbench.metrics import METRICS
+
 logger = logging.getLogger(__name__)
 
-COLUMNS: tuple[str, ...] = (
+# The columns in the order the committed CSVs have them; a metric's columns (`maskbench.metrics`) sit
+# among them, and a metric added since comes after them (COLUMNS), as an added column.
+_WRITTEN: tuple[str, ...] = (
     "run_id", "arm", "phases", "dataset", "model", "params", "resolution", "batch_size", "seed",
     "budget_flops", "point", "step", "samples_seen", "train_flops", "gpu_hours", "device",
     "n_devices", "mfu", "val_loss", "fid", "fid_features", "fid_n", "clip_score", "clip_cos",
@@ -30,20 +34,21 @@ COLUMNS: tuple[str, ...] = (
     "flops_per_s", "init_from", "switch_step", "branch_flops", "data_wait_s", "compile_s", "eval_s",
     "checkpoint_s", "resume_s", "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se",
 )
+METRIC_COLUMNS = tuple(column for m in METRICS for column in (m.name, m.se_column))
+COLUMNS = _WRITTEN + tuple(column for column in METRIC_COLUMNS if column not in _WRITTEN)
 # Columns added after CSVs were first written: a file without them reads as if they were empty, and
 # appending to it first rewrites its header (and pads its rows), under the same lock.
 ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s", "init_from", "switch_step",
                  "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s",
-                 "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se")
+                 "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se", *COLUMNS[len(_WRITTEN):])
 INT_COLUMNS = frozenset({
     "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
     "sampler_steps", "switch_step",
 })
 FLOAT_COLUMNS = frozenset({
-    "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "val_loss", "fid", "clip_score",
-    "clip_cos", "align_acc", "cfg_scale", "fd_dinov2", "flops_per_s", "branch_flops", "data_wait_s", "compile_s",
-    "eval_s", "checkpoint_s", "resume_s",
-    "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se",  # each metric's sampling error
+    "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "clip_cos", "cfg_scale", "flops_per_s",
+    "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s",
+    *METRIC_COLUMNS,  # each metric and its sampling error
 })
 # A measured row must say what it measured to be grouped; a reference row (non-empty `source`)
 # only has to say where its numbers come from, and is empty wherever that source gives nothing.

@@ -38,8 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.stats
 
+from maskbench.metrics import get_metric
 from maskbench.results.leaderboard import Row
-from maskbench.results.stats import LOWER_IS_BETTER, group_label, measured_groups
+from maskbench.results.summary import measured_groups
+from maskbench.results.tables import group_label
 
 MIN_RUNS = 10   # MLPerf's minimum for text-to-image (and most benchmarks); its references provide 2N
 ALPHA = 0.05    # the RCP test's one-sided p-value
@@ -133,7 +135,7 @@ def mlperf_summary(rows: Sequence[Row], baseline_arm: str = "mask0",
             if finals and len(short) < len(finals):
                 notes.append(f"{name}: no {baseline_arm} arm with >= {MIN_RUNS} runs: no target")
             continue
-        lower = LOWER_IS_BETTER[compared]
+        lower = get_metric(compared).lower_is_better
         target = (max if lower else min)(final for final, _ in finals[baseline_arm])
         group_scores = [_score(dataset, model, budget, arm, runs, compared, target)
                         for arm, runs in sorted(finals.items(), key=lambda item: (item[0] != baseline_arm, item[0]))
@@ -161,7 +163,7 @@ def _final_runs(group: list[Row], metric: str) -> dict[str, list[tuple[float, li
 def _reach(rows: list[Row], metric: str, x_field: str, target: float) -> float | None:
     """A run's x_field (device-hours or FLOPs) at its first evaluation that reaches the target."""
     points = [(r[x_field], r[metric]) for r in rows if r[x_field] is not None and r[metric] is not None]
-    return first_reach(points, target, higher_is_better=not LOWER_IS_BETTER[metric])
+    return first_reach(points, target, higher_is_better=not get_metric(metric).lower_is_better)
 
 
 def _score(dataset, model, budget, arm: str, runs: list[tuple[float, list[Row]]], metric: str,

@@ -3,7 +3,7 @@
 Both axes are drawn because they can disagree: a masked step does less arithmetic but not
 proportionally less time (norms, gathers, the optimiser), so an arm can win at equal FLOPs and
 lose at equal wall-clock. The error bar is each point's confidence interval over seeds (for one seed,
-from the row's own sampling error: `stats.Summary.eval_only`). `plot_leaderboard` draws FD for
+from the row's own sampling error: `summary.Summary.eval_only`). `plot_leaderboard` draws FD for
 `maskbench leaderboard --plot`; `group_curves` draws every measured metric per group for a study page.
 """
 
@@ -23,8 +23,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import NullFormatter
 
+from maskbench.metrics import get_metric
 from maskbench.results.leaderboard import Row
-from maskbench.results.stats import LABELS, Summary, summarize
+from maskbench.results.summary import Summary, summarize
 
 CURVE_METRICS = ("fid", "val_loss", "align_acc", "clip_score")  # a study page's curves, where measured
 LOG_Y = frozenset({"fid", "val_loss"})  # they fall over orders of magnitude while training
@@ -108,7 +109,7 @@ def _plot_group(fig: Figure | SubFigure, group: tuple, records: list[Summary], c
 def _ylabel(metric: str, fid_features: str) -> str:
     """FD is Inception FID only in Inception's features (on synth it is the oracle's Fréchet distance)."""
     if metric != "fid":
-        return LABELS[metric]
+        return get_metric(metric).label
     from maskbench.eval.fid import INCEPTION_FEATURES_NAME  # torch: only when a plot is drawn
 
     return "FID (Inception)" if fid_features == INCEPTION_FEATURES_NAME else f"Fréchet distance ({fid_features or '?'})"

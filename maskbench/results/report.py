@@ -9,7 +9,8 @@ plan everything is exploratory, and so is everything a plan reads from rows writ
 did not exist when the data could still steer the analysis).
 
 Apart from `leaderboard.py` (the CSV's schema and locked appends) so that writers of rows need neither
-scipy nor matplotlib, and so the modules import one way: leaderboard <- stats <- mlperf, plots <- report.
+scipy nor matplotlib, and so the modules import one way: leaderboard <- estimators <- targets <- summary <-
+multiplicity <- tables <- mlperf, plots, crossover <- report.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
-from maskbench.results import stats
+from maskbench.metrics import compared_metrics
 from maskbench.results.leaderboard import DEFAULT_CSV, Row, read_rows
+from maskbench.results.multiplicity import CORRECTIONS, EXPLORATORY, Family, correct
+from maskbench.results.summary import summarize
+from maskbench.results.tables import FORMATS, render
+from maskbench.results.targets import COMPUTE
 
 PLAN_FILE = "PLAN.md"
 PLAN_KEYS = ("study", "written", "primary_metrics", "baseline", "targets", "test", "alpha", "correction", "pays")
@@ -45,13 +50,13 @@ class Plan:
     primary: tuple[str, ...]     # the primary metrics, every one of which must pay
     baseline: str
     alpha: float
-    correction: str              # "holm" or "none", across every test the plan reads (`stats.Family`)
+    correction: str              # "holm" or "none", across every test the plan reads (`Family`)
     pays: str                    # the compute axis whose ratio decides: "train_flops" or "gpu_hours"
 
-    def family(self, rows: Sequence[Row]) -> stats.Family:
+    def family(self, rows: Sequence[Row]) -> Family:
         """The plan's tests; confirmatory only when every measured row was written after the plan."""
-        return stats.Family(self.primary, self.pays, self.correction, self.alpha,
-                            confirmatory=not _before(rows, self.written))
+        return Family(self.primary, self.pays, self.correction, self.alpha,
+                      confirmatory=not _before(rows, self.written))
 
     def describe(self, rows: Sequence[Row], tests: int) -> str:
         """The line that says which plan was applied, how, and whether its readings confirm or explore."""
@@ -62,7 +67,7 @@ class Plan:
                   f"written {self.written.isoformat()}, before every row: its planned readings are confirmatory")
         return (f"plan {self.path} ({self.study}): primary {', '.join(self.primary)}; baseline {self.baseline}; "
                 f"{TEST}, alpha {self.alpha:g}; {self.correction} across the {tests} tests it reads; pays: "
-                f"{stats.COMPUTE[self.pays]} ratio {PAYS_INTERVAL} on every primary metric; {status}")
+                f"{COMPUTE[self.pays]} ratio {PAYS_INTERVAL} on every primary metric; {status}")
 
 
 NO_PLAN = (f"no plan: exploratory (no {PLAN_FILE} beside the CSV and no --plan; verdicts uncorrected for "
@@ -106,14 +111,14 @@ def _plan(path: Path, front: dict) -> Plan:
     if unknown or missing:
         raise ValueError(f"front matter keys: missing {missing or 'none'}, unknown {unknown or 'none'}")
     primary = front["primary_metrics"]
-    if not isinstance(primary, list) or not primary or any(m not in stats.METRICS for m in primary):
-        raise ValueError(f"primary_metrics must be a non-empty list of {', '.join(stats.METRICS)}, got {primary!r}")
+    if not isinstance(primary, list) or not primary or any(m not in compared_metrics() for m in primary):
+        raise ValueError(f"primary_metrics must be a non-empty list of {', '.join(compared_metrics())}, got {primary!r}")
     _expect("targets", front["targets"], TARGETS)
     _expect("test", front["test"], TEST)
     if not isinstance(front["alpha"], float) or not 0 < front["alpha"] < 1:
         raise ValueError(f"alpha must be a number in (0, 1), got {front['alpha']!r}")
-    if front["correction"] not in stats.CORRECTIONS:
-        raise ValueError(f"correction must be one of {', '.join(stats.CORRECTIONS)}, got {front['correction']!r}")
+    if front["correction"] not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, got {front['correction']!r}")
     pays = front["pays"]
     if not isinstance(pays, dict) or set(pays) != {"ratio", "interval", "metrics"}:
         raise ValueError(f"pays must map ratio, interval and metrics, got {pays!r}")
@@ -151,7 +156,7 @@ def _before(rows: Sequence[Row], written: datetime) -> list[Row]:
             created = datetime.fromisoformat(row["created_at"] or "")
         except ValueError:
             return False
-        return (created if created.tzinfo else created.replace(tzinfo=timezone.utc)) > written
+        return (created if created.tzinfo else created.replace(tzinfo=UTC)) > written
 
     return [row for row in rows if not row["source"] and not after(row)]
 
@@ -190,8 +195,8 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
     try:
         if missing:
             raise ValueError(f"no such leaderboard CSV: {', '.join(missing)}")
-        if fmt not in stats.FORMATS:
-            raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(stats.FORMATS)}")
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
         if mlperf and plot:
             raise ValueError("--mlperf prints the MLPerf-style scores only; plot without it")
         if mlperf and crossover:
@@ -205,12 +210,12 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         if found and baseline and baseline != found.baseline:
             raise ValueError(f"--baseline {baseline} contradicts {found.path}, whose baseline is {found.baseline}")
         baseline = found.baseline if found else baseline or "mask0"
-        family = found.family(rows) if found else stats.EXPLORATORY
+        family = found.family(rows) if found else EXPLORATORY
         if crossover:
             return _print_crossover(rows, crossover, baseline, plot, found, family)
-        summary, tests = stats.correct(stats.summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
+        summary, tests = correct(summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
         _print_plan_line(found.describe(rows, tests) if found else NO_PLAN, fmt)
-        print(stats.render(summary, fmt, family))
+        print(render(summary, fmt, family))
         if plot:
             print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
     except ValueError as err:
@@ -241,7 +246,7 @@ def _print_mlperf(rows, baseline: str, fmt: str) -> int:
 
 
 def _print_crossover(rows, arm: str, baseline: str, plot: str | None, plan: Plan | None,
-                     family: stats.Family) -> int:
+                     family: Family) -> int:
     from maskbench.results.crossover import correct_cells, crossover_cells, plot_crossover, render_cells
 
     cells = crossover_cells(rows, arm=arm, baseline=baseline, metrics=family.compared(), level=1 - family.alpha)

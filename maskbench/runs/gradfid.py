@@ -43,18 +43,19 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from maskbench.config import ConfigError, RunConfig, load_run_config
+from maskbench.config import RunConfig, load_run_config
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.data.demote import ratio_key
 from maskbench.data.encode import vae_latents
-from maskbench.data.shards import make_loader
+from maskbench.data.loader import make_loader
+from maskbench.errors import ConfigError
+from maskbench.eval.decode import LatentDecoder, resolve_vae
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.presets import LEARNED_SKIP_SCALES, ModelConfig
-from maskbench.eval.decode import LatentDecoder, resolve_vae
 from maskbench.models.objective import demote, flow_loss
-from maskbench.results.stats import debiased_cosine, jackknife_se
+from maskbench.models.presets import LEARNED_SKIP_SCALES, ModelConfig
+from maskbench.results.estimators import debiased_cosine, jackknife_se
 from maskbench.train.checkpoint import RunDir
 
 CSV_FIELDS = ("route", "mask_ratio", "ratio", "t_lo", "t_hi", "n_batches", "groups", "cosine", "ci_lo", "ci_hi",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -20,9 +20,18 @@ import yaml
 from torch import nn
 
 import maskbench
-from maskbench.config import (ConfigError, RunConfig, config_hash, format_arm, load_run_config, run_id,
-                              source_label, split_source, to_dict)
+from maskbench.config import (
+    RunConfig,
+    config_hash,
+    format_arm,
+    load_run_config,
+    run_id,
+    source_label,
+    split_source,
+    to_dict,
+)
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
+from maskbench.errors import ConfigError
 from maskbench.eval.clip import check_clip
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs, validation_loss
 from maskbench.eval.fid import DinoV2Features, InceptionFeatures, MissingWeights
@@ -31,12 +40,12 @@ from maskbench.manifest import read_manifest
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.presets import ModelConfig
-from maskbench.results.leaderboard import append_rows, as_read
+from maskbench.results.leaderboard import METRIC_COLUMNS, append_rows, as_read
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha
 from maskbench.train.loop import Start, Trainer, plan_run
+from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.schedule import Schedule
 from maskbench.train.switch import watches_val_loss
-from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.tracking import log_eval
 from maskbench.weights import ENV, REGISTRY
 
@@ -51,14 +60,11 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
         "n_devices": n_devices, "mfu": mfu,
-        "val_loss": result["val_loss"], "val_loss_se": result.get("val_loss_se"),
         "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
-        "fid": result.get("fid"), "fid_se": result.get("fid_se"), "fid_features": result.get("fid_features"),
-        "fid_n": result.get("fid_n"), "fid_ref": result.get("fid_ref"), "fd_dinov2": result.get("fd_dinov2"),
-        "fd_dinov2_se": result.get("fd_dinov2_se"), "fd_dinov2_features": result.get("fd_dinov2_features"),
-        "clip_score": result.get("clip_score"), "clip_score_se": result.get("clip_score_se"),
+        **{column: result.get(column) for column in METRIC_COLUMNS},  # every metric and its sampling error
+        "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"), "fid_ref": result.get("fid_ref"),
+        "fd_dinov2_features": result.get("fd_dinov2_features"),
         "clip_cos": result.get("clip_cos"), "clip_model": result.get("clip_model"),
-        "align_acc": result.get("align_acc"), "align_acc_se": result.get("align_acc_se"),
         "sampler_steps": cfg.eval.sampler_steps, "cfg_scale": cfg.eval.cfg_scale,
         "init_from": source_label(cfg.init_from) if cfg.init_from else None, "switch_step": state.switch_step,
         # gpu_hours is the training steps' time alone; the rest of the run's time, each in its own column:
@@ -66,7 +72,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "compile_s": state.compile_seconds, "eval_s": state.eval_seconds,
         "checkpoint_s": state.checkpoint_seconds, "resume_s": state.resume_seconds,
         "maskbench_version": maskbench.__version__, "git_sha": git_sha(), "config_hash": config_hash(cfg),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
-from maskbench.config import ConfigError, RunConfig, load_run_config
+from maskbench.config import RunConfig, load_run_config
 from maskbench.data.dataset import resolve_dataset
+from maskbench.errors import ConfigError
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs
 from maskbench.models.build import build_model
 from maskbench.runs.launch import leaderboard_row, record_point

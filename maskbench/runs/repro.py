@@ -42,15 +42,16 @@ from pathlib import Path
 
 import torch
 
-from maskbench.config import ConfigError, RunConfig, UserError, load_run_config, run_id
+from maskbench.config import RunConfig, load_run_config, run_id
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
+from maskbench.errors import ConfigError, UserError
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs, load_samples
 from maskbench.files import DIGESTS, folder_change, sha256_file, sha256_json
-from maskbench.runs.reevaluate import load_point
 from maskbench.models.build import build_model
 from maskbench.results.leaderboard import read_rows
-from maskbench.train.checkpoint import RunDir, environment
 from maskbench.runs.launch import train
+from maskbench.runs.reevaluate import load_point
+from maskbench.train.checkpoint import RunDir, environment
 from maskbench.train.loop import make_accelerator
 
 GPU_TOLERANCE = 1e-3     # relative, on losses and weights, when reruns happen on a GPU

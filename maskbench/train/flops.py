@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from maskbench.models.dit import TIMESTEP_FREQ_DIM, ModelConfig, long_skip_pairs
+from maskbench.models.dit import TIMESTEP_FREQ_DIM, long_skip_pairs
 from maskbench.models.masking import keep_count
-from maskbench.models.presets import LEARNED_SKIP_SCALES, SKIP_GATE_REDUCTION, LongSkip, route_span
+from maskbench.models.presets import LEARNED_SKIP_SCALES, SKIP_GATE_REDUCTION, LongSkipKind, ModelConfig, route_span
 from maskbench.models.text import MLP_RATIO as TEXT_MLP_RATIO
 
 
@@ -94,7 +94,7 @@ def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: in
     blocks = (cfg.mixer_depth * _dit_block(n, batch, seq_len, context_len, width, hidden)
               + _backbone(n, cfg, batch, kept, context_len, route_ratio)
               + cfg.decoder_depth * _dit_block(n, batch, seq_len, context_len, width, hidden))
-    if cfg.long_skip != LongSkip.none:
+    if cfg.long_skip != LongSkipKind.none:
         blocks += len(long_skip_pairs(cfg.depth)) * _long_skip(n, cfg, batch, seq_len, kept)
     if cfg.sparse_fusion:  # SPRINT's Linear(cat[deep, dense]) on every token (the refill and path drop are free)
         blocks += n.linear(batch * seq_len, 2 * width, width)
@@ -109,13 +109,6 @@ def train_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, contex
     step routes `model.route_ratio` of the backbone's tokens around its span; a sampling step never does)."""
     return _model_flops(_Counter(train=True), cfg, image_size, in_channels, context_dim, context_len,
                         batch, mask_ratio, text_encoder, cfg.route_ratio)
-
-
-def sample_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int, context_len: int,
-                      batch: int, text_encoder: bool) -> int:
-    """FLOPs of one sampling forward on all tokens (a CFG step with a doubled batch is batch=2B)."""
-    return _model_flops(_Counter(train=False), cfg, image_size, in_channels, context_dim, context_len,
-                        batch, 0.0, text_encoder)
 
 
 def skips_only_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
@@ -139,7 +132,7 @@ def skips_only_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, c
     block = (token_matmuls + 2 * forward.attention(batch, rows // batch, rows // batch, width)
              + forward.attention(batch, rows // batch, context_len, width))
     skip = forward.linear(rows, 2 * width, width)
-    skips = len(fusing) * 2 * skip - (skip if cfg.long_skip != LongSkip.concat_ln else 0)  # the first one: weight grad only
+    skips = len(fusing) * 2 * skip - (skip if cfg.long_skip != LongSkipKind.concat_ln else 0)  # the first one: weight grad only
     final = forward.linear(rows, width, cfg.patch_size ** 2 * in_channels)
     backward = (cfg.depth - fusing[0]) * block + skips + final
     return _model_flops(forward, cfg, image_size, in_channels, context_dim, context_len, batch, mask_ratio,

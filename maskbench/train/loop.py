@@ -37,28 +37,28 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import (DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list,
-                               gather_object)
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list, gather_object
 from timm.layers import set_fused_attn
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from maskbench.config import ConfigError, RunConfig, Trainable, demote_routes, run_id, to_dict
+from maskbench.config import RunConfig, Trainable, demote_routes, run_id, to_dict
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
-from maskbench.data.shards import ShardLoader, auto_workers, make_loader, worker_counts
+from maskbench.data.loader import ShardLoader, auto_workers, make_loader, worker_counts
+from maskbench.errors import ConfigError
+from maskbench.files import write_atomic
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
-from maskbench.train.repa import make_repa
 from maskbench.models.routing import draw_route
-from maskbench.files import write_atomic
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
+from maskbench.train.repa import make_repa
 from maskbench.train.schedule import Horizon, PhasePlan, Schedule, make_schedule, step_generator
 from maskbench.train.switch import crossed, skip_weight_norm, watches_val_loss
 from maskbench.train.tracking import flat_scalars, log_step
@@ -127,7 +127,7 @@ class Start:
 
 
 @contextlib.contextmanager
-def preemption_handler(trainer: "Trainer") -> Iterator[None]:
+def preemption_handler(trainer: Trainer) -> Iterator[None]:
     """While training, SIGINT/SIGTERM only ask the loop to checkpoint and stop at the end of the step."""
     def request_stop(signum, _frame):
         trainer.stop_signal = signum
@@ -308,16 +308,17 @@ class Trainer:
         return loss, draw_digest(t, drop, noise, device=acc.device)
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Backward over this rank's micro-batches (all-reduced once, after the last); returns their losses
-        and draw digests."""
+        """Backward over this rank's micro-batches; returns their losses and draw digests.
+
+        `accelerator.accumulate` (gradient_accumulation_steps = train.grad_accum, `make_accelerator`) all-reduces
+        only after the last micro-batch, and `backward` divides each loss by their count.
+        """
         acc, losses, digests = self.accelerator, [], []
-        for micro, (stream, batch) in enumerate(zip(self.streams, batches)):
-            sync = micro == len(batches) - 1
+        for stream, batch in zip(self.streams, batches):
             # The kernel choice spans backward too: activation checkpointing recomputes attention there.
-            with contextlib.nullcontext() if sync else acc.no_sync(self.model), \
-                    attention_kernels(self.cfg.train.attention):
+            with acc.accumulate(self.model), attention_kernels(self.cfg.train.attention):
                 loss, digest = self.stream_loss(batch, phase, stream, step)
-                acc.backward(loss / len(batches))
+                acc.backward(loss)
             losses.append(loss.detach())
             digests.append(digest)
         return torch.stack(losses), torch.stack(digests)                                 # grad_accum each
@@ -617,6 +618,6 @@ def make_accelerator(cfg: RunConfig) -> Accelerator:
     ddp = DistributedDataParallelKwargs(find_unused_parameters=idle, broadcast_buffers=False)
     trackers = None if cfg.train.log_with == "none" else cfg.train.log_with
     return Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
-                       kwargs_handlers=[timeout, ddp], log_with=trackers,
+                       gradient_accumulation_steps=cfg.train.grad_accum, kwargs_handlers=[timeout, ddp], log_with=trackers,
                        project_dir=str(Path(cfg.paths.runs) / run_id(cfg)))
 

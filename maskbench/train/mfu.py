@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from maskbench.config import ConfigError
+from maskbench.errors import ConfigError
 from maskbench.files import write_atomic
 
 # Dense (no sparsity) peak FLOP/s per device. Checked in order: the first name contained in

@@ -39,9 +39,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from maskbench.config import ConfigError, RunConfig
+from maskbench.config import RunConfig
 from maskbench.data import synth
 from maskbench.data.dataset import DatasetInfo
+from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.presets import ModelConfig

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from maskbench.config import ConfigError, LRSchedule, Phase, RunConfig, Trainable, Until, demote_routes
+from maskbench.config import LRSchedule, Phase, RunConfig, Trainable, Until, demote_routes
 from maskbench.data.dataset import DatasetInfo
+from maskbench.errors import ConfigError
 from maskbench.models.objective import route_choice, sample_t
-from maskbench.train.repa import repa_sample_flops
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
-
+from maskbench.train.repa import repa_sample_flops
 
 # The purposes a step draws random numbers for, each from its own stream (common random numbers): two
 # arms with one seed draw the same t, caption dropout and noise at every step they share, whatever else
@@ -34,7 +34,7 @@ DRAWS = ("t", "dropout", "noise", "mask", "demote", "path_drop")  # append only:
 
 
 def step_generator(seed: int, stream: int, step: int, purpose: str,
-                   device: torch.device = torch.device("cpu")) -> torch.Generator:
+                   device: torch.device | str = "cpu") -> torch.Generator:
     """The generator of one purpose's draws at one step of one data stream, keyed by all four.
 
     numpy's SeedSequence hashes the key, so neighbouring steps and purposes get unrelated streams; the

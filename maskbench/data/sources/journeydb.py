@@ -18,9 +18,9 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 
-from maskbench.config import ConfigError
 from maskbench.data.pack import IMAGE_FORMATS, Captions, Item, Sample, Skip, SourcePlan, Unit, index_captions, tar_items
 from maskbench.data.shards import BadSample
+from maskbench.errors import ConfigError
 
 CAPTION_FIELDS = ("prompt", "caption")
 IMAGE_EXTS = tuple(IMAGE_FORMATS.values())

@@ -17,8 +17,17 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
-from maskbench.data.pack import (Captions, Item, Sample, Skip, SourcePlan, Unit, existing_paths, index_captions,
-                                 tar_items)
+from maskbench.data.pack import (
+    Captions,
+    Item,
+    Sample,
+    Skip,
+    SourcePlan,
+    Unit,
+    existing_paths,
+    index_captions,
+    tar_items,
+)
 
 
 def _gpt_caption(record: dict) -> str | None:

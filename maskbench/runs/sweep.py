@@ -30,9 +30,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 
-from maskbench.config import CONF_DIR, ConfigError, RunConfig, config_hash, load_config, run_id
+from maskbench.config import CONF_DIR, RunConfig, config_hash, load_config, run_id
+from maskbench.errors import ConfigError
 
-LAUNCHERS = ("accelerate", "torchrun", "slurm")
 STUDY_DIR = CONF_DIR / "study"
 STATUSES = ("done", "partial", "missing")
 

@@ -1,0 +1,326 @@
+"""The leaderboard summary rendered: aligned text tables, Markdown tables or CSV, with their notes.
+
+Every verdict is printed with the interval it reads, labelled confirmatory or exploratory, and every
+table is followed by notes that say how its figures were computed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+
+from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
+from maskbench.results.estimators import (
+    BOOTSTRAP_RESAMPLES,
+    MIN_BOOTSTRAP,
+    Estimate,
+    Ratio,
+    agreement,
+    ratio_verdict,
+)
+from maskbench.results.multiplicity import EXPLORATORY, Family
+from maskbench.results.summary import Summary
+from maskbench.results.targets import COMPUTE, Target
+
+FORMATS = ("table", "markdown", "csv")
+
+# "FD", not "FID": the column is Inception FID only where its features say inception (on synth it is the
+# oracle's Fréchet distance); `fd_note` says so under every table.
+TABLE_HEADER = ("dataset", "model", "batch", "budget", "arm", "point", "n", "FD", "FD features", "CLIP",
+                "val loss", "align", "GPU-h", "ref")
+RATIO_PARTS = ("bound", "geomean", "lo", "hi", "p", "p_adj", "not_reached")
+CSV_HEADER = ("dataset", "model", "batch_size", "budget_flops", "started_from", "arm", "point", "n",
+              *(f"{m}{suffix}" for m in compared_metrics() for suffix in ("", "_ci")), "eval_only",
+              "train_flops", "gpu_hours", "fid_features")
+CSV_PER_METRIC = ("test", "pairs", "diff", "diff_lo", "diff_hi", "boot_lo", "boot_hi", "p", "p_adj", "mde", "se",
+                  "eval_se", "verdict", "target",
+                  *(f"{axis}_{part}" for axis in ("flops_ratio", "hours_ratio") for part in RATIO_PARTS),
+                  "ratio_verdict")
+CSV_TAIL = ("agreement", "pays", "ratio_agreement", "reading", "source", "notes")
+
+
+FD_NOTE = ("FD: Fréchet distance in the features named beside it; Inception FID only for "
+           "inception-2015-12-05-clean (oracle-synth-v1 is the synth oracle's, standin-random-inception a random "
+           "network's)")
+EVAL_ONLY_NOTE = ("(eval SE): one seed; its value ± z·SE from the row's own sampling error (bootstrap SD over eval "
+                  "samples for FD and CLIP, standard error for val loss and align): eval noise only, not how "
+                  "another seed would land")
+COMPARISON_NOTE = (
+    "Δ: arm − {baseline} on the metric named, at the final point. paired: runs of the same seed share initial "
+    "weights, data order and evaluation noise, so Δ is the mean of per-seed differences with the paired "
+    "t-interval; welch: the seeds do not pair, Δ is the difference of means with Welch's interval. verdict: "
+    "better / worse only when the whole {pct} t-interval lies on one side of 0 (lower is better for FD and val "
+    "loss, higher for CLIP and align) and p adj < {alpha:g}; otherwise no difference detected, and MDE is the "
+    "smallest effect these runs detect with 80% power at two-sided {alpha:g}, (t + t_0.80)·SE, SE the larger of "
+    "the seeds' and the eval noise's. p adj: p after the plan's correction ({method}). eval/seed SE: the SE of Δ "
+    "that the rows' own sampling errors imply over the one the seeds' spread gives (near 1 or above: the seeds "
+    "differ by no more than eval noise; empty: rows without sampling errors). bootstrap: percentile interval of "
+    "the mean difference, {resamples} resamples, fixed seed, not shown below {min_boot} pairs. metrics: whether "
+    "the metrics' verdicts point the same way.")
+TARGETS_NOTE = (
+    "Compute to target: at each horizon (eval point) of {baseline}, per seed, the target is {baseline}'s value "
+    "there read off the isotonic (monotone) fit of its run's curve, and the ratio is the FLOPs (GPU-h) the arm's "
+    "run of that seed needs to reach it on its own monotone fit (straight lines between fitted points) over what "
+    "{baseline}'s needs; geometric mean over seeds with the {pct} t-interval of the log ratios. <=: an upper "
+    "bound (some seed's arm was there at its first point); >: a lower bound (k/n not reached: k seeds never got "
+    "there, their last point stands in); bounds are not tested. verdict and p adj are of the {axis} ratio: pays "
+    "when below 1 with p adj < {alpha:g}, does not pay when above 1 likewise, undecided otherwise; a bound gets "
+    "no verdict, only 'not reached (k/n)' or 'reached at first point', and counts as undecided in pays and "
+    "metrics. pays: {pays}.")
+
+
+def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPLORATORY) -> str:
+    """The summary as aligned text tables, Markdown tables, or CSV (full precision).
+
+    Table and Markdown give one line per arm and eval point; then, per arm and compared metric (FD and
+    val loss, side by side, and a plan's primary metrics), the comparison with the baseline at the final
+    point; then, per arm and baseline horizon, compute-to-target on every compared metric with the
+    plan's "pays"; then every place the metrics disagree, and the notes. Intervals are at 1 − alpha of
+    the family (95% without a plan); every verdict is labelled confirmatory or exploratory (`Family`).
+    In CSV, one row per record, with the ratios at the record's own point.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    metrics = family.compared()
+    if fmt == "csv":
+        return _render_csv(summary, metrics, family)
+    sources = list(dict.fromkeys(r.source for r in summary if r.is_reference))
+    tables = [(None, TABLE_HEADER, [_table_cells(r, sources) for r in summary])]
+    notes = list(dict.fromkeys(note for r in summary for note in _group_notes(r)))
+    notes += [f"[{i}] {source}" for i, source in enumerate(sources, 1)]
+    notes += [FD_NOTE] + ([EVAL_ONLY_NOTE] if any(r.eval_only for r in summary) else [])
+    compared = [r for r in summary if r.comparisons]
+    lines_of_disagreement = []
+    if compared:
+        baseline, pct = next(iter(compared[0].comparisons.values())).baseline, _pct(1 - family.alpha)
+        tables += [
+            (f"Against {baseline} at the final point:", _comparison_header(pct),
+             [_comparison_cells(r, metric, metrics, family) for r in compared for metric in metrics
+              if metric in r.comparisons]),
+            (f"Compute to reach {baseline}'s value at each of its horizons:", _targets_header(metrics, pct),
+             [_target_cells(r, point, metrics, family) for r in compared for point in _horizons(r)]),
+        ]
+        lines_of_disagreement = _disagreements(compared, metrics, family)
+        notes += [COMPARISON_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, method=family.method,
+                                         resamples=f"{BOOTSTRAP_RESAMPLES:,}", min_boot=MIN_BOOTSTRAP),
+                  TARGETS_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, axis=COMPUTE[family.compute],
+                                      pays=_pays_rule(family))]
+    if fmt == "markdown":
+        lines = []
+        for title, header, cells in tables:
+            lines += ([title, ""] if title else []) + _markdown_table(header, cells) + [""]
+        return "\n".join(lines + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
+    lines = []
+    for title, header, cells in tables:
+        lines += ([title] if title else []) + _text_table(header, cells) + [""]
+    return "\n".join(lines + lines_of_disagreement + ([""] if lines_of_disagreement else []) + notes)
+
+
+def _pct(level: float) -> str:
+    return f"{100 * level:g}%"
+
+
+def _comparison_header(pct: str) -> tuple[str, ...]:
+    return ("dataset", "model", "batch", "budget", "arm", "metric", "test", "n", f"Δ ({pct} CI)",
+            f"bootstrap {pct}", "p", "p adj", "MDE", "eval/seed SE", "verdict", "metrics", "reading")
+
+
+def _targets_header(metrics: Sequence[str], pct: str) -> tuple[str, ...]:
+    per_metric = ("target", f"FLOPs ratio ({pct} CI)", f"GPU-h ratio ({pct} CI)", "p adj", "verdict")
+    return ("dataset", "model", "batch", "budget", "arm", "horizon",
+            *(f"{get_metric(metric).label} {column}" for metric in metrics for column in per_metric), "pays", "metrics",
+            "reading")
+
+
+def _pays_rule(family: Family) -> str:
+    metrics = " and ".join(get_metric(m).label for m in (family.metrics or CO_PRIMARY))
+    return f"the {COMPUTE[family.compute]} ratio pays on every one of {metrics}"
+
+
+def _text_table(header: Sequence[str], cells: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+            for row in [header, ["-" * width for width in widths], *cells]]
+
+
+def _markdown_table(header: Sequence[str], cells: list[list[str]]) -> list[str]:
+    return [_markdown_line(header), _markdown_line(["---"] * len(header)), *(_markdown_line(row) for row in cells)]
+
+
+def _group_cells(record: Summary) -> list[str]:
+    return [record.dataset or "", _model_cell(record), _int(record.batch_size), _g(record.budget_flops), record.arm]
+
+
+def _comparison_cells(record: Summary, metric: str, metrics: Sequence[str], family: Family) -> list[str]:
+    """Display strings of one comparison, in `_comparison_header` order."""
+    c = record.comparisons[metric]
+    d = c.difference
+    n = f"{d.n} pairs" if d.test == "paired" else f"{d.n} vs {d.n_base}"
+    interval = "" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]"
+    boot = f"[{d.boot[0]:.3g}, {d.boot[1]:.3g}]" if d.boot else (f"n < {MIN_BOOTSTRAP}" if d.test == "paired" else "")
+    return [*_group_cells(record), metric, d.test, n, f"{d.mean:.4g}{interval}", boot, _g(_finite(d.p)),
+            _g(_finite(d.p_adj)), _g(_finite(d.mde)), _g(_finite(d.eval_share)), d.verdict,
+            agreement(_final_verdicts(record, metrics)), family.reading(metric)]
+
+
+def _final_verdicts(record: Summary, metrics: Sequence[str]) -> list[str]:
+    return [record.comparisons[m].difference.verdict for m in metrics if m in record.comparisons]
+
+
+def _horizons(record: Summary) -> list[float]:
+    """The baseline horizons an arm's comparisons read compute-to-target at."""
+    return sorted({t.point for c in record.comparisons.values() for t in c.targets})
+
+
+def _target_at(record: Summary, metric: str, point: float) -> Target | None:
+    c = record.comparisons.get(metric)
+    return next((t for t in c.targets if t.point == point), None) if c else None
+
+
+def _ratio_verdicts(record: Summary, point: float, metrics: Sequence[str], family: Family) -> dict[str, str]:
+    """Per metric with a reading at this horizon, the verdict on its ratio on the plan's compute axis."""
+    targets = {metric: _target_at(record, metric, point) for metric in metrics}
+    return {metric: ratio_verdict(t.ratios[family.compute], family.alpha) for metric, t in targets.items() if t}
+
+
+def _target_cells(record: Summary, point: float, metrics: Sequence[str], family: Family) -> list[str]:
+    """Display strings of one arm at one baseline horizon, in `_targets_header` order."""
+    cells = [*_group_cells(record), _g(point)]
+    for metric in metrics:
+        t = _target_at(record, metric, point)
+        planned = t and t.ratios[family.compute]
+        cells += ["", "", "", "", ""] if t is None else [
+            f"{t.value:.4g}", _ratio(t.ratios["train_flops"]), _ratio(t.ratios["gpu_hours"]),
+            _g(_finite(planned.p_adj) if planned else None), ratio_verdict(planned, family.alpha)]
+    verdicts = _ratio_verdicts(record, point, metrics, family)
+    return [*cells, family.pays(verdicts), agreement(list(verdicts.values())),
+            _reading(family, list(verdicts), family.compute)]
+
+
+def _reading(family: Family, metrics: Sequence[str], compute: str | None = None) -> str:
+    """One label when the metrics' readings share it, else each metric's."""
+    labels = {metric: family.reading(metric, compute) for metric in metrics}
+    if len(set(labels.values())) <= 1:
+        return next(iter(labels.values()), "")
+    return ", ".join(f"{get_metric(metric).label} {label}" for metric, label in labels.items())
+
+
+def _disagreements(compared: Sequence[Summary], metrics: Sequence[str], family: Family) -> list[str]:
+    """One line per arm and reading (the final point, a horizon's ratio) where the metrics disagree."""
+    lines = []
+    for record in compared:
+        where = f"disagree: {group_label(*record.group)} {record.arm}"
+        final = {m: record.comparisons[m].difference.verdict for m in metrics if m in record.comparisons}
+        readings = [("at the final point", final)]
+        readings += [(f"{COMPUTE[family.compute]} ratio at horizon {point:g}",
+                      _ratio_verdicts(record, point, metrics, family)) for point in _horizons(record)]
+        lines += [f"{where} {at}: " + ", ".join(f"{get_metric(m).label} {v.split(';')[0]}" for m, v in verdicts.items())
+                  for at, verdicts in readings if agreement(list(verdicts.values())) == "disagree"]
+    return lines
+
+
+def _ratio(ratio: Ratio | None) -> str:
+    """'[bound]geomean [lo, hi]', and how many seeds never reached the target."""
+    if ratio is None:
+        return ""
+    interval = "" if math.isnan(ratio.lo) else f" [{ratio.lo:.3g}, {ratio.hi:.3g}]"
+    missed = f" ({ratio.not_reached}/{ratio.n} not reached)" if ratio.not_reached else ""
+    return f"{ratio.bound}{ratio.geomean:.3f}{interval}{missed}"
+
+
+def group_label(dataset: str | None, model: str | None, batch_size: int | None, budget_flops: float | None,
+                started_from: str = "") -> str:
+    """dataset/model[ from SOURCE][/bBATCH]/budget: a group's name in notes (the batch when rows record one)."""
+    start = f" from {started_from}" if started_from else ""
+    batch = f"/b{batch_size}" if batch_size else ""
+    return f"{dataset}/{model}{start}{batch}/{_g(budget_flops)}"
+
+
+def _group_notes(record: Summary) -> list[str]:
+    """A record's group notes, prefixed with its group so they read on their own under a table."""
+    group = group_label(*record.group)
+    extra = [f"{record.arm}: {c.note}" for c in record.comparisons.values() if c.note]
+    return [f"{group}: {note}" for note in dict.fromkeys((*record.notes, *extra))]
+
+
+def _table_cells(record: Summary, sources: list[str]) -> list[str]:
+    """Display strings of one record, in TABLE_HEADER order."""
+    def pm(metric: str) -> str:
+        return _pm(record.metrics[metric]) + (" (eval SE)" if metric in record.eval_only else "")
+
+    return [
+        *_group_cells(record), _g(record.point), str(record.n), pm("fid"), record.fid_features,
+        pm("clip_score"), pm("val_loss"), pm("align_acc"), _g(record.gpu_hours),
+        f"[{sources.index(record.source) + 1}]" if record.is_reference else "",
+    ]
+
+
+def _pm(estimate: Estimate | None) -> str:
+    """'mean ± half-width' to 4 significant digits; the mean alone when there is no interval."""
+    if estimate is None:
+        return ""
+    mean, half = estimate
+    return f"{mean:.4g}" if math.isnan(half) else f"{mean:.4g} ± {half:.2g}"
+
+
+def _g(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _model_cell(record: Summary) -> str:
+    """The model, and the trained run its group started from (`init_from`), if any."""
+    return (record.model or "") + (f" from {record.started_from}" if record.started_from else "")
+
+
+def _int(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _markdown_line(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def _render_csv(summary: Sequence[Summary], metrics: Sequence[str], family: Family) -> str:
+    """Full precision, one row per record; no value (or no interval) is an empty cell. Per compared metric:
+    the comparison at the final point on the arm's final record, and on each arm's record the ratios at the
+    baseline horizon of the same point."""
+    finals = {(r.group, r.arm): r for r in summary if r.comparisons}
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow((*CSV_HEADER, *(f"{m}_{column}" for m in metrics for column in CSV_PER_METRIC), *CSV_TAIL))
+    for r in summary:
+        final = finals.get((r.group, r.arm))
+        estimates = [x for m in compared_metrics() for x in (r.metrics[m] or (None, None))]
+        blocks = [x for m in metrics for x in _csv_metric(r, final, m, family)]
+        verdicts = _ratio_verdicts(final, r.point, metrics, family) if final else {}
+        shown = [m for m in metrics if m in r.comparisons] or list(verdicts)
+        values = (r.dataset, r.model, r.batch_size, r.budget_flops, r.started_from, r.arm, r.point, r.n, *estimates,
+                  ";".join(r.eval_only), r.train_flops, r.gpu_hours, r.fid_features, *blocks,
+                  agreement(_final_verdicts(r, metrics)), family.pays(verdicts) if verdicts else None,
+                  agreement(list(verdicts.values())), _reading(family, shown), r.source,
+                  "; ".join(_group_notes(r)))
+        writer.writerow(["" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values])
+    return buffer.getvalue()
+
+
+def _csv_metric(record: Summary, final: Summary | None, metric: str, family: Family) -> tuple:
+    """One metric's CSV cells (test ... ratio_verdict): the difference where the record holds the comparison,
+    the ratios where the arm's comparison has a target at the record's point; empty otherwise."""
+    c = record.comparisons.get(metric)
+    d = c.difference if c else None
+    difference = (None,) * 13 if d is None else (
+        d.test, d.n if d.test == "paired" else None, d.mean, d.lo, d.hi, *(d.boot or (None, None)), d.p, d.p_adj,
+        d.mde, d.se, d.eval_se, d.verdict)
+    t = _target_at(final, metric, record.point) if final else None
+    if t is None:
+        return (*difference, *(None,) * (2 + 2 * len(RATIO_PARTS)))
+    ratios = [x for axis in COMPUTE for r in [t.ratios[axis]]
+              for x in ((r.bound, r.geomean, r.lo, r.hi, r.p, r.p_adj, r.not_reached) if r
+                        else (None,) * len(RATIO_PARTS))]
+    return (*difference, t.value, *ratios, ratio_verdict(t.ratios[family.compute], family.alpha))

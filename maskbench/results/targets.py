@@ -1,0 +1,107 @@
+"""Compute-to-target: the compute at which a run's monotone (isotonic) fit reaches a target value.
+
+An arm pays when it reaches the baseline's quality with less compute. Per seed, the target is the
+baseline run's value at one of its eval points (a horizon), and the ratio is the compute the arm's run
+of that seed needs to reach it over what the baseline's needs, both read off monotone fits of each
+run's curve so that eval noise cannot make an early lucky point "reach" it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.optimize
+
+from maskbench.metrics import get_metric
+from maskbench.results.estimators import Bound, Ratio
+from maskbench.results.leaderboard import Row
+
+COMPUTE = {"train_flops": "FLOPs", "gpu_hours": "GPU-h"}  # the two compute axes of compute-to-target
+
+
+def monotone_fit(points: Sequence[tuple[float, float]],
+                 higher_is_better: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A curve's isotonic least-squares fit: (x ascending, fitted values), non-increasing in x when lower
+    is better, non-decreasing when higher is better.
+
+    Eval noise makes a training curve wiggle; read raw, a lucky early point "reaches" a target the run
+    then falls back from, so compute-to-target swings with single evaluations. The fit is the monotone
+    curve closest in squared error (pool-adjacent-violators, `scipy.optimize.isotonic_regression`, equal
+    weights): each run of points that goes the wrong way is replaced by its mean. It uses only the order
+    of x, so it is the same on FLOPs, device-hours, eval points or their logarithms.
+    """
+    if not points:
+        raise ValueError("monotone_fit needs at least one point")
+    xs, ys = (np.asarray(column, dtype=float) for column in zip(*sorted(points)))
+    return xs, scipy.optimize.isotonic_regression(ys, increasing=higher_is_better).x
+
+
+def compute_to_target(points: Sequence[tuple[float, float]], target: float,
+                      higher_is_better: bool = False) -> float | None:
+    """Compute (x) at which a curve's monotone fit first reaches a target value, or None.
+
+    The fitted points (`monotone_fit`) are joined by straight lines in x. If the first one already
+    reaches the target (value <= target) its x is returned: nothing is known before it. Otherwise, for
+    the first segment (x0, y0) -> (x1, y1) of the fit with y0 > target >= y1,
+        x = x0 + (y0 - target) / (y0 - y1) · (x1 - x0).
+    None means the target is not reached within the points. With higher_is_better the inequalities flip
+    (CLIP score, alignment). Because the fit is monotone, x never decreases as the target gets harder. On
+    the leaderboard x is train FLOPs or device-hours; lines in x (not log x) as before the fit existed.
+    """
+    if not points:
+        return None
+    xs, fit = monotone_fit(points, higher_is_better)
+    gaps = (fit - target) * (-1.0 if higher_is_better else 1.0)  # > 0: not there yet; non-increasing
+    reached = np.flatnonzero(gaps <= 0)
+    if reached.size == 0:
+        return None
+    i = int(reached[0])
+    if i == 0:
+        return float(xs[0])
+    return float(xs[i - 1] + gaps[i - 1] / (gaps[i - 1] - gaps[i]) * (xs[i] - xs[i - 1]))
+
+
+def run_curve(run: Sequence[Row], metric: str, x_field: str) -> list[tuple[float, float]]:
+    """One run's (x_field, metric) points, from its rows that record both."""
+    return [(row[x_field], row[metric]) for row in run if row[x_field] is not None and row[metric] is not None]
+
+
+def horizon_target(base_run: Sequence[Row], metric: str, point: float) -> float:
+    """A baseline run's value at one of its eval points (a horizon), read off its monotone fit over the
+    eval points: the target an arm's run of the same seed is asked to reach."""
+    xs, fit = monotone_fit(run_curve(base_run, metric, "point"), not get_metric(metric).lower_is_better)
+    return float(np.interp(point, xs, fit))
+
+
+def seed_ratio(arm_run: Sequence[Row], base_run: Sequence[Row], metric: str, x_field: str,
+               target: float) -> tuple[float, Bound]:
+    """One seed's compute-to-target ratio: the arm's x_field (FLOPs or device-hours) at which its monotone
+    fit reaches the target, over the baseline's, both read the same way (`compute_to_target`), and its
+    bound: "" a value; "<=" the arm is there at its first point, so nothing is known before it and the
+    ratio is an upper bound; ">" the arm never gets there, and its last x over the baseline's is a lower
+    bound. NaN: the runs do not record x_field (or the baseline never reaches the target)."""
+    higher = not get_metric(metric).lower_is_better
+    arm_curve = run_curve(arm_run, metric, x_field)
+    base = compute_to_target(run_curve(base_run, metric, x_field), target, higher)
+    if not arm_curve or base is None or base <= 0:
+        return math.nan, ""
+    arm = compute_to_target(arm_curve, target, higher)
+    if arm is None:
+        return max(x for x, _ in arm_curve) / base, ">"
+    return arm / base, "<=" if arm == min(x for x, _ in arm_curve) else ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Compute-to-target at one horizon (eval point) of the baseline, on each compute axis.
+
+    Per seed the target is the baseline run's own value there, read off its monotone fit
+    (`horizon_target`), and the ratio is the compute the arm's run of that seed needs to reach it over
+    the compute the baseline's needs (`seed_ratio`); `value` is the mean of the per-seed targets.
+    """
+    point: float
+    value: float
+    ratios: dict[str, Ratio | None]  # by compute axis ("train_flops", "gpu_hours")

@@ -1,0 +1,72 @@
+"""The metric registry: a metric defined once in `maskbench.metrics` is a leaderboard column (with its sampling
+error), a metric of the statistics and one the command line prints, with no other file touched."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from maskbench.metrics import CO_PRIMARY, METRICS, compared_metrics, get_metric
+from maskbench.results.leaderboard import COLUMNS, FLOAT_COLUMNS
+
+# Runs in a fresh interpreter: the registry gains an entry before anything reads it, as an edit of
+# maskbench/metrics.py would, and reports what the leaderboard, the statistics and `maskbench eval` make of it.
+WITH_A_NEW_METRIC = r"""
+import csv, io, json, sys
+import maskbench.metrics as registry
+registry.METRICS += (registry.Metric("sharpness", "sharp", False, "a test's stand-in"),)
+
+import maskbench.config as config
+import maskbench.runs.reevaluate as reevaluate
+from maskbench.cli import main
+from maskbench.results.leaderboard import COLUMNS, FLOAT_COLUMNS, as_read
+from maskbench.results.summary import summarize
+from maskbench.results.tables import render
+
+def row(arm, seed, sharpness):
+    return as_read({"run_id": f"{arm}-{seed}", "arm": arm, "dataset": "synth", "model": "dit-t", "seed": seed,
+                    "budget_flops": 1e12, "point": 1.0, "sharpness": sharpness, "sharpness_se": 0.01})
+
+rows = [row("mask0", 0, 0.5), row("mask0", 1, 0.6), row("mask75", 0, 0.7), row("mask75", 1, 0.9)]
+summary = summarize(rows, "mask0", ("sharpness",))
+arm = next(record for record in summary if record.arm == "mask75")
+
+config.load_run_config = lambda path: None
+config.with_eval_overrides = lambda cfg, overrides: overrides
+reevaluate.evaluate_run = lambda *args, **kwargs: [{"point": 1.0, "step": 10, "val_loss": 0.5, "sharpness": 0.25}]
+out, sys.stdout = sys.stdout, io.StringIO()
+main(["eval", "RUN"])
+printed, sys.stdout = sys.stdout.getvalue(), out
+
+print(json.dumps({
+    "columns": COLUMNS[-2:], "float": sorted({"sharpness", "sharpness_se"} & FLOAT_COLUMNS),
+    "estimate": arm.metrics["sharpness"], "difference": arm.comparisons["sharpness"].difference.mean,
+    "csv_header": next(csv.reader(io.StringIO(render(summary, "csv")))), "cli": printed,
+}))
+"""
+
+
+def test_a_new_registry_entry_reaches_leaderboard_statistics_and_cli():
+    done = subprocess.run([sys.executable, "-c", WITH_A_NEW_METRIC], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["columns"] == ["sharpness", "sharpness_se"]     # after every committed column, typed
+    assert found["float"] == ["sharpness", "sharpness_se"]
+    assert found["estimate"][0] == pytest.approx(0.8)             # mean over mask75's two seeds
+    assert found["difference"] == pytest.approx(0.25)             # paired: (0.7 − 0.5 + 0.9 − 0.6) / 2
+    assert {"sharpness", "sharpness_ci"} <= set(found["csv_header"])
+    assert "sharpness 0.25" in found["cli"]
+
+
+def test_every_metric_has_its_columns_and_the_statistics_read_the_registry():
+    for m in METRICS:
+        assert {m.name, m.se_column} <= set(COLUMNS) & FLOAT_COLUMNS
+    assert compared_metrics() == ("fid", "clip_score", "val_loss", "align_acc")  # the statistics' CSV order
+    assert set(CO_PRIMARY) <= set(compared_metrics())
+    assert get_metric("fid").lower_is_better and not get_metric("clip_score").lower_is_better
+
+
+def test_an_unknown_metric_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown metric 'fdd'; choose from fid, clip_score"):
+        get_metric("fdd")
