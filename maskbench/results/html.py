@@ -25,8 +25,8 @@ from maskbench.config import PathsConfig
 from maskbench.eval.grid import GRID_FILE
 from maskbench.results import plots
 from maskbench.results.leaderboard import Row, read_rows
-from maskbench.results.multiplicity import EXPLORATORY, Family, correct
-from maskbench.results.report import NO_PLAN, _plan_for
+from maskbench.results.multiplicity import Family, correct
+from maskbench.results.report import NO_PLAN, applied_plan
 from maskbench.results.summary import Summary, measured_groups, summarize
 from maskbench.results.tables import group_label, render
 from maskbench.train.checkpoint import RunDir
@@ -62,11 +62,7 @@ def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | N
     rows = read_rows(paths, on_error)
     if not rows:
         raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
-    found = _plan_for(paths, plan)
-    if found and baseline and baseline != found.baseline:
-        raise ValueError(f"--baseline {baseline} contradicts {found.path}, whose baseline is {found.baseline}")
-    baseline = found.baseline if found else baseline or "mask0"
-    family = found.family(rows) if found else EXPLORATORY
+    found, baseline, family = applied_plan(rows, paths, plan, baseline)
     summary, tests = correct(summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
     plan_line = found.describe(rows, tests) if found else NO_PLAN
     return Study(name, list(paths), rows, plan_line, family, baseline, summary)

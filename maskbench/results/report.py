@@ -169,6 +169,16 @@ def find_plan(paths: Sequence[str]) -> Path | None:
     return Path(plans[0]) if plans else None
 
 
+def applied_plan(rows: list[dict], paths: Sequence[str], plan: str | None,
+                 baseline: str | None) -> tuple[Plan | None, str, Family]:
+    """The plan that applies to these rows (--plan, else PLAN.md beside them), the baseline it names (a
+    contradicting --baseline is refused), and its family of tests (none: exploratory)."""
+    found = _plan_for(paths, plan)
+    if found and baseline and baseline != found.baseline:
+        raise ValueError(f"--baseline {baseline} contradicts {found.path}, whose baseline is {found.baseline}")
+    return found, found.baseline if found else baseline or "mask0", found.family(rows) if found else EXPLORATORY
+
+
 def _plan_for(paths: Sequence[str], plan: str | None) -> Plan | None:
     """The plan to apply: --plan FILE, else the PLAN.md beside the CSVs, else none."""
     path = Path(plan) if plan else find_plan(paths)
@@ -206,11 +216,7 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
             raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
         if mlperf:
             return _print_mlperf(rows, baseline or "mask0", fmt)
-        found = _plan_for(paths, plan)
-        if found and baseline and baseline != found.baseline:
-            raise ValueError(f"--baseline {baseline} contradicts {found.path}, whose baseline is {found.baseline}")
-        baseline = found.baseline if found else baseline or "mask0"
-        family = found.family(rows) if found else EXPLORATORY
+        found, baseline, family = applied_plan(rows, paths, plan, baseline)
         if crossover:
             return _print_crossover(rows, crossover, baseline, plot, found, family)
         summary, tests = correct(summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
