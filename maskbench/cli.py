@@ -249,8 +249,10 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
-    from maskbench.runs.gradfid import FLOOR, certify, format_table, probe_gradfid, write_arm
+    from maskbench.runs.gradfid import FLOOR, PROTOCOLS, certify, format_table, probe_gradfid, write_arm
 
+    if args.protocol not in PROTOCOLS:
+        return fail(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {args.protocol!r}")
     if args.certify is not None and not args.certify > 0:
         return fail(f"--certify EPS needs a positive gap tolerance, got {args.certify:g}")
     rows = probe_gradfid(args.run_dir, args.bins, args.batches, args.batch_size, args.seed,
@@ -261,15 +263,15 @@ def cmd_probe_gradfid(args: argparse.Namespace) -> int:
     if args.certify is None:
         return 0
     floor = max(row["gap_hi"] for row in rows if row["route"] == FLOOR.name)
-    if not floor < args.certify:
+    if args.protocol == "maskbench" and not floor < args.certify:
         print(f"note: the self-floor's gap bound reaches {floor:.3g} >= {args.certify:g}: two native estimates are "
               "not told apart at this tolerance; more --batches or --batch-size narrow it")
-    table = certify(rows, args.certify)
+    table = certify(rows, args.certify, args.protocol)
     if not table:
         print(f"no demotion route is certified at eps {args.certify:g}; no arm file written")
         return 0
     path = args.certify_out or out / "certified_arm.yaml"
-    write_arm(path, table, args.certify, Path(args.run_dir).name)
+    write_arm(path, table, args.certify, Path(args.run_dir).name, args.protocol)
     for route in table:
         print(f"certified: ratio {route['ratio']:g} on t in [{route['t'][0]:g}, {route['t'][1]:g}] "
               f"(priority {route['priority']})")
@@ -443,6 +445,11 @@ def add_probe(probe: argparse.ArgumentParser) -> None:
                          help="certify each demotion route on the t bins whose gap (1 - debiased cosine, minus the "
                               "round-trip control's on latents) has a one-sided 95%% upper bound, Bonferroni over "
                               "the bins, below EPS; contiguous bins form its window, written as an arm file")
+    gradfid.add_argument("--protocol", default="maskbench", metavar="{maskbench,anima}",
+                         help="what --certify reads: maskbench's debiased gap (default), or anima_lora's: per batch, "
+                              "cos(two native estimates) - the route's mean cosine to them, its mean over batches "
+                              "with a one-sided 95%% bound, passing within the round-trip control's band + EPS. "
+                              "Both gaps are written to the CSV either way")
     gradfid.add_argument("--certify-out", type=Path, metavar="ARM.yaml",
                          help="where to write the certified arm (default RUN_DIR/probe/certified_arm.yaml)")
     gradfid.set_defaults(func=cmd_probe_gradfid)

@@ -2,8 +2,9 @@
 
 A metric is a result key of the evaluator, a leaderboard column (with its sampling error beside it in
 `<name>_se`), a direction (lower or higher is better), a label in tables and plots, and whether the
-leaderboard statistics summarise and compare it. The leaderboard's columns, the statistics' metric list
-and the command line read `METRICS`, so a new metric is one entry here (and the code that measures it).
+leaderboard statistics summarise and compare it. The leaderboard's columns, the statistics' metric list,
+the summary tables' columns, the study page's curves and the command line read `METRICS`, so a new metric
+is one entry here (and the code that measures it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ class Metric:
     lower_is_better: bool
     produced_by: str           # what the evaluator computes it from
     compared: bool = True      # summarised over seeds and compared with the baseline by the statistics
+    features: str | None = None  # the summary field naming the feature space it is measured in (FD: which network)
+    log_axis: bool = False     # plotted on a log axis: it falls over orders of magnitude while training
 
     @property
     def se_column(self) -> str:
@@ -32,7 +35,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("fid", "FD", True, "Fréchet distance of the samples' features to the reference statistics, in the "
            "space `fid_features` names (Inception; the oracle's on synth); bootstrap SD over samples"),
     Metric("clip_score", "CLIP", False, "CLIP cosine of each sample with its prompt; bootstrap SD over samples"),
-    Metric("val_loss", "val loss", True, "fixed-t validation loss over held-out samples; standard error"),
+    Metric("val_loss", "val loss", True, "fixed-t validation loss over held-out samples; standard error",
+           log_axis=True),
     Metric("align_acc", "align", False, "fraction of samples the synth oracle finds matching their scene; "
            "binomial standard error"),
     Metric("fd_dinov2", "FD-DINOv2", True, "Fréchet distance in DINOv2 features (`fd_dinov2_features`); "

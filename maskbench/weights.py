@@ -6,7 +6,9 @@ registry's file names is checked once (present, size, sha256) and then named by 
 there, and the loaders open that path as if it had been given.
 
 A checksum is pinned only where its publisher documents one; no source found for these files documents
-theirs, so they are `unpinned` (None): checked for presence (and size, when known) only.
+theirs, so they are `unpinned` (None) in the registry. `maskbench weights pin DIR` records the sha256 of
+each file a folder holds in DIR/SHA256SUMS (`sha256sum -c` reads it too), once, where the files were
+fetched; from then on `check` verifies every node's copy against those bytes.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Optional
 from cleanfid.downloads_helper import inception_url
 
 from maskbench.errors import UserError
-from maskbench.files import sha256_file
+from maskbench.files import sha256_file, write_atomic
 
 ENV = "MASKBENCH_WEIGHTS"  # the weights folder when paths.weights is unset
+PINS = "SHA256SUMS"        # a folder's own pins (`pin`), in sha256sum's format: "<sha256>  <file>" per line
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,34 @@ def weights_folder(setting: str | None) -> str | None:
     return setting or os.environ.get(ENV) or None
 
 
-def check_file(folder: Path, entry: WeightFile) -> tuple[bool, str]:
-    """Whether `entry`'s file in `folder` passes (present, size, sha256), and its one line of the check."""
+def read_pins(folder: Path) -> dict[str, str]:
+    """file -> sha256 from the folder's SHA256SUMS (none: {}); a line that is not `<sha256>  <file>` is refused."""
+    path = folder / PINS
+    if not path.is_file():
+        return {}
+    pins = {}
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        digest, sep, file = line.partition("  ")
+        if not sep or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise UserError(f"{path}:{number} is not a `<sha256>  <file>` line (write it with maskbench weights pin)")
+        pins[file.lstrip("*")] = digest
+    return pins
+
+
+def pin(folder: Path, registry: tuple[WeightFile, ...] = REGISTRY) -> list[str]:
+    """Write folder/SHA256SUMS with the sha256 of every registry file present (a registry pin must match
+    first: `check` runs before anything is recorded); return its lines."""
+    present = [entry for entry in registry if (folder / entry.file).is_file()]
+    if not present:
+        raise UserError(f"{folder} holds none of the registry's files (maskbench weights lists them)")
+    lines = [f"{sha256_file(folder / entry.file)}  {entry.file}" for entry in present]
+    write_atomic(folder / PINS, "\n".join(lines) + "\n")
+    return lines
+
+
+def check_file(folder: Path, entry: WeightFile, pins: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Whether `entry`'s file in `folder` passes (present, size, sha256: the registry's, else the folder's
+    own pin from `pins`), and its one line of the check."""
     path = folder / entry.file
     if not path.is_file():
         status = "MISSING" if entry.needed else "absent"
@@ -74,17 +103,20 @@ def check_file(folder: Path, entry: WeightFile) -> tuple[bool, str]:
     size = path.stat().st_size
     if entry.size is not None and size != entry.size:
         return False, f"{'FAIL':8s} {entry.name}: {path} is {size} bytes, expected {entry.size}"
-    if entry.sha256 is None:
-        return True, f"{'ok':8s} {entry.name}: {path} present, {size} bytes, unpinned (no published sha256)"
+    expected, source = (entry.sha256, "the registry's") if entry.sha256 else ((pins or {}).get(entry.file), f"{PINS}'s")
+    if expected is None:
+        return True, (f"{'ok':8s} {entry.name}: {path} present, {size} bytes, unpinned (no published sha256; "
+                      f"`maskbench weights pin {folder}` records this copy's)")
     digest = sha256_file(path)
-    if digest != entry.sha256:
-        return False, f"{'FAIL':8s} {entry.name}: {path} has sha256 {digest}, expected {entry.sha256}"
-    return True, f"{'ok':8s} {entry.name}: {path} {size} bytes, sha256 matches"
+    if digest != expected:
+        return False, f"{'FAIL':8s} {entry.name}: {path} has sha256 {digest}, expected {expected} ({source})"
+    return True, f"{'ok':8s} {entry.name}: {path} {size} bytes, sha256 matches {source}"
 
 
 def check(folder: Path, registry: tuple[WeightFile, ...] = REGISTRY) -> bool:
     """Print one line per registry file; True when every needed file, and every optional one present, passes."""
-    results = [check_file(folder, entry) for entry in registry]
+    pins = read_pins(folder)
+    results = [check_file(folder, entry, pins) for entry in registry]
     for _, line in results:
         print(line)
     return all(passed for passed, _ in results)
@@ -109,7 +141,13 @@ def cmd_weights(args: argparse.Namespace) -> int:
         print(f"\nPut them in one folder under these names; paths.weights=DIR (or {ENV}=DIR) points the metrics at it.")
         return 0
     if not args.folder.is_dir():
-        raise UserError(f"{args.folder} is not a folder (maskbench weights check DIR)")
+        raise UserError(f"{args.folder} is not a folder (maskbench weights {args.action} DIR)")
+    if args.action == "pin":
+        if not check(args.folder):
+            raise UserError(f"{args.folder} fails the check above: nothing pinned (new copies of pinned files: remove {PINS} first)")
+        lines = pin(args.folder)
+        print(f"wrote {args.folder / PINS}: {len(lines)} files pinned; `maskbench weights check` verifies them from now on")
+        return 0
     return 0 if check(args.folder) else 2
 
 
@@ -118,4 +156,7 @@ def add_weights(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     verify = actions.add_parser("check", help="verify a weights folder: present, size, sha256 (exit 2 on a failure)")
     verify.add_argument("folder", type=Path)
+    record = actions.add_parser("pin", help=f"record the sha256 of each registry file a folder holds in FOLDER/{PINS}, "
+                                             "once, where the files were fetched (after a passing check)")
+    record.add_argument("folder", type=Path)
     parser.set_defaults(func=cmd_weights)

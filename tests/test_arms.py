@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from maskbench.cli import main
-from maskbench.config import _HASHED_WHEN_SET, DemoteRoute, load_config, run_id
+from maskbench.config import DemoteRoute, load_config, run_id
+from maskbench.config.identity import HASHED_WHEN_SET
 from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.models import objective
@@ -279,6 +280,6 @@ def test_new_options_left_at_their_defaults_keep_existing_run_names() -> None:
     # interleaves 8 streams whatever its worker count): runs trained before it read their batches in another
     # order, so they must not resume under the new code (the committed CSVs keep their old run ids).
     assert _mask0_name() == "mask0-synth-tiny-s0-a6f8a9a5"
-    assert set(_SET_TO) | _NEED_A_SOURCE == _HASHED_WHEN_SET
+    assert set(_SET_TO) | _NEED_A_SOURCE == HASHED_WHEN_SET
     for option, (value, needs) in _SET_TO.items():
         assert _mask0_name(*needs, f"{option}={value}") != _mask0_name(*needs), option

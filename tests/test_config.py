@@ -61,7 +61,7 @@ def _arm_file(tmp_path, name: str, body: str) -> str:
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("unknown_arm", "unknown arm 'nope'; known arms: downscale_routes, downscale_window, lsc"),
+    ("unknown_arm", "unknown arm 'nope'; known arms: downscale_routes, downscale_routes_late, downscale_window"),
     ("unknown_key", "unknown or invalid key: 'train.no_such_key'"),
     ("fractions", "phase fractions sum to 0.9, not 1"),
     ("ratio", "mask ratio 1.0 is outside [0, 1)"),

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from maskbench import config
-from maskbench.config import RunConfig, to_dict
+from maskbench.config import RunConfig, identity, to_dict
 
 
 def dotted_fields(tree: dict, prefix: str = "") -> set[str]:
@@ -19,10 +18,10 @@ def dotted_fields(tree: dict, prefix: str = "") -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("listing", ["_NOT_RESULT_FIELDS", "_HASHED_WHEN_SET"])
+@pytest.mark.parametrize("listing", ["NOT_RESULT_FIELDS", "HASHED_WHEN_SET"])
 def test_every_listed_field_exists(listing: str) -> None:
-    assert sorted(getattr(config, listing) - dotted_fields(to_dict(RunConfig()))) == []
+    assert sorted(getattr(identity, listing) - dotted_fields(to_dict(RunConfig()))) == []
 
 
 def test_a_field_is_either_hashed_when_set_or_never_hashed() -> None:
-    assert config._NOT_RESULT_FIELDS & config._HASHED_WHEN_SET == set()
+    assert identity.NOT_RESULT_FIELDS & identity.HASHED_WHEN_SET == set()

@@ -105,7 +105,9 @@ def test_route_table_refusals() -> None:
         load_config(["arm=mask0", "train.demote_gate=batch"])
     with pytest.raises(ConfigError, match="token dropping"):
         load_config(["arm=mask75", ROUTES])
-    assert demote_routes(load_config(["arm=downscale_window"]).train) == [DemoteRoute(0.5, [0.0, 0.25])]
+    assert demote_routes(load_config(["arm=downscale_window"]).train) == [DemoteRoute(0.5, [0.0, 0.125])]
+    with pytest.raises(ConfigError, match="`demote: false` does nothing without train.demote_routes"):
+        load_config(["arm=mask0", "arm.phases=[{mask_ratio: 0.0, fraction: 1.0, demote: false}]"])
 
 
 @pytest.mark.parametrize("gate", ["sample", "batch"])
@@ -142,6 +144,29 @@ def test_route_table_arm_trains_to_its_exact_budget(tmp_path, synth_root, monkey
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
     assert steps[-1]["flops"] == schedule.total_flops and 32 in sizes and len(set(sizes) - {32}) >= 2
+
+
+def test_a_phase_without_demotion_trains_native_and_is_planned_at_the_native_cost(tmp_path, synth_root,
+                                                                                 monkeypatch) -> None:
+    """downscale_routes_late (anima's schedule): every step of its first 25% trains every sample at 32 px and
+    is planned at a native step's cost; the routes start at the switch, and the run spends its exact budget."""
+    cfg = load_config(["arm=downscale_routes_late", *tiny_overrides(tmp_path, synth_root, "eval.points=[1.0]")])
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    native, late = make_schedule(cfg, data, n_streams=1).phases
+    full = batch_step_flops(cfg, data, 0.0)
+    assert set(native.flops_per_step) == {full} and min(late.flops_per_step) < full
+    now, sizes = {}, []
+    stream_loss, flow_loss = Trainer.stream_loss, objective.flow_loss
+    monkeypatch.setattr(Trainer, "stream_loss", lambda self, batch, phase, stream, step:
+                        now.update(step=step) or stream_loss(self, batch, phase, stream, step))
+    monkeypatch.setattr(objective, "flow_loss", lambda model, x0, *a, **k: sizes.append((now.get("step"), x0.shape[-1]))
+                        or flow_loss(model, x0, *a, **k))
+    run = Trainer(cfg).fit()
+    trained = [(step, size) for step, size in sizes if step is not None]
+    assert {size for step, size in trained if step < late.start} == {32}
+    assert min(size for step, size in trained if step >= late.start) < 32
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["flops"] == make_schedule(cfg, data, n_streams=1).total_flops
 
 
 def test_probe_certifies_a_route_table_that_run_takes(tmp_path, synth_root, capsys) -> None:

@@ -135,6 +135,41 @@ def test_certified_routes_give_deeper_demotion_the_priority_and_split_at_failing
                                            {"ratio": 0.75, "t": [0.5, 1.0], "priority": 0}]
 
 
+def test_anima_gap_is_the_native_pair_cosine_minus_the_routes_mean_cosine_to_them() -> None:
+    """By hand: full (1, 0, 0), route (0.6, 0, 0.8), second native (0.8, 0.6, 0): cos(full, native2) = 0.8,
+    cos(full, route) = 0.6, cos(native2, route) = 0.48, so the gap is 0.8 − (0.6 + 0.48)/2 = 0.26; the
+    self-floor has none (it is one of the two native estimates)."""
+    stack = torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.0, 0.8], [0.8, 0.6, 0.0]])      # full, route, native2
+    gaps = gradfid.anima_gaps(stack, (gradfid.demote_route(0.5), gradfid.FLOOR))
+    assert gaps[0] == pytest.approx(0.26) and math.isnan(gaps[1])
+
+
+def test_anima_gap_columns_are_the_batch_mean_and_its_bonferroni_bound() -> None:
+    stack = _bin_sums(0.9, np.random.default_rng(3))
+    per_batch = np.array([[0.1, np.nan], [0.3, np.nan], [0.2, np.nan], [0.4, np.nan]])  # 4 batches × 2 routes
+    routes = (gradfid.demote_route(0.75), gradfid.FLOOR)
+    row = gradfid.bin_rows(stack, np.zeros(2), routes, (0.0, 1.0), 12, 8, anima=per_batch)[0]
+    se = np.std([0.1, 0.3, 0.2, 0.4], ddof=1) / 2
+    assert row["anima_gap"] == pytest.approx(0.25)
+    assert row["anima_gap_hi"] == pytest.approx(0.25 + scipy.stats.norm.ppf(1 - 0.05 / 8) * se)
+
+
+def test_anima_protocol_certifies_within_the_round_trip_band_and_eps_alone_on_pixels() -> None:
+    """Latents: a bin passes where its anima bound is below the round trip's bound in that bin + eps (0.03 <
+    0.05 + 0.01 passes, 0.09 does not), whatever the debiased gap says; pixels (no round trip): eps alone."""
+    def row(route, ratio, t_lo, anima_hi, gap_hi=0.2):
+        return {"route": route, "ratio": ratio, "t_lo": t_lo, "t_hi": t_lo + 0.5, "gap_hi": gap_hi,
+                "anima_gap_hi": anima_hi}
+    demoted = [row("demote0.5", 0.5, 0.0, 0.03), row("demote0.5", 0.5, 0.5, 0.09)]
+    band = [row("roundtrip", 1.0, 0.0, 0.05), row("roundtrip", 1.0, 0.5, 0.05)]
+    assert gradfid.certify(demoted + band, 0.01, "anima") == [{"ratio": 0.5, "t": [0.0, 0.5], "priority": 0}]
+    assert gradfid.certify(demoted + band, 0.01) == []                            # the debiased gap: 0.2
+    assert gradfid.certify(demoted, 0.01, "anima") == []                          # no band: 0.03 >= 0.01
+    assert gradfid.certify(demoted, 0.05, "anima") == [{"ratio": 0.5, "t": [0.0, 0.5], "priority": 0}]
+    with pytest.raises(ConfigError, match="unknown probe protocol 'anim'"):
+        gradfid.certify(demoted, 0.05, "anim")
+
+
 def test_group_count_holds_every_batch_when_it_fits_and_refuses_below_three():
     gb = 1e9
     assert gradfid.group_count(16, int(0.1 * gb), max_memory_gb=16) == 16
@@ -185,6 +220,8 @@ def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
     assert main(["probe", "gradfid", str(tmp_path), "--batches", "2"]) == 2
     assert "batches >= 3" in capsys.readouterr().err
+    assert main(["probe", "gradfid", str(tmp_path), "--protocol", "anim"]) == 2      # before any work
+    assert capsys.readouterr().err.strip().endswith("--protocol must be one of maskbench, anima, got 'anim'")
 
 
 def test_a_learned_gate_run_is_probed_on_its_native_grid_only(tmp_path, synth_root, capsys):

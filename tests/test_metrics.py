@@ -39,7 +39,13 @@ out, sys.stdout = sys.stdout, io.StringIO()
 main(["eval", "RUN"])
 printed, sys.stdout = sys.stdout.getvalue(), out
 
+import maskbench.results.plots as plots
+curves = []
+plots._plot_group = lambda fig, group, records, colors, drawn, level: curves.append(list(drawn))
+plots.group_curves(summary)
+
 print(json.dumps({
+    "table": render(summary, "table").splitlines()[0], "curves": curves,
     "columns": COLUMNS[-2:], "float": sorted({"sharpness", "sharpness_se"} & FLOAT_COLUMNS),
     "estimate": arm.metrics["sharpness"], "difference": arm.comparisons["sharpness"].difference.mean,
     "csv_header": next(csv.reader(io.StringIO(render(summary, "csv")))), "cli": printed,
@@ -57,6 +63,8 @@ def test_a_new_registry_entry_reaches_leaderboard_statistics_and_cli():
     assert found["difference"] == pytest.approx(0.25)             # paired: (0.7 − 0.5 + 0.9 − 0.6) / 2
     assert {"sharpness", "sharpness_ci"} <= set(found["csv_header"])
     assert "sharpness 0.25" in found["cli"]
+    assert found["table"].split()[-3] == "sharp"                  # the summary table's last metric column
+    assert found["curves"] == [["sharpness"]]                     # the study page plots it (the only one measured)
 
 
 def test_every_metric_has_its_columns_and_the_statistics_read_the_registry():

@@ -15,11 +15,12 @@ import pytest
 from maskbench.cli import main
 from maskbench.config import load_config, with_eval_overrides
 from maskbench.data.dataset import resolve_dataset
+from maskbench.errors import UserError
 from maskbench.eval import standins
 from maskbench.eval.evaluate import check_eval_inputs
 from maskbench.eval.fid import MissingWeights
 from maskbench.files import sha256_file
-from maskbench.weights import ENV, REGISTRY, WeightFile, check
+from maskbench.weights import ENV, PINS, REGISTRY, WeightFile, check, pin
 from tests.test_latent_run import latent_root, run_overrides  # noqa: F401 (latent_root is a fixture)
 
 
@@ -63,6 +64,36 @@ def test_a_wrong_checksum_or_size_fails_naming_the_file(standin_registry, capsys
     assert passed.startswith("ok")
     assert not check(folder, (dataclasses.replace(clip, size=clip.size + 1),))
     assert "FAIL" in (line := capsys.readouterr().out) and "open_clip_pytorch_model.bin" in line
+
+
+def test_pin_records_a_folders_copies_once_and_check_then_catches_a_changed_byte(
+        standin_registry, capsys: pytest.CaptureFixture) -> None:
+    """Unpinned entries (as the real registry's are): `pin` writes SHA256SUMS in sha256sum's format; `check`
+    then verifies each copy against it, and a copy with one byte changed fails, naming the file."""
+    folder, entries = standin_registry
+    unpinned = tuple(dataclasses.replace(entry, size=None, sha256=None) for entry in entries)
+    lines = pin(folder, unpinned)
+    assert (folder / PINS).read_text().splitlines() == lines
+    assert [line.split("  ") for line in lines] == [[sha256_file(folder / e.file), e.file] for e in unpinned]
+    capsys.readouterr()
+    assert check(folder, unpinned)
+    assert all(line.endswith(f"sha256 matches {PINS}'s") for line in capsys.readouterr().out.strip().splitlines())
+    inception = folder / unpinned[0].file
+    data = bytearray(inception.read_bytes())
+    data[-1] ^= 1
+    inception.write_bytes(bytes(data))
+    assert not check(folder, unpinned)
+    failed = capsys.readouterr().out.splitlines()[0]
+    assert failed.startswith("FAIL") and str(inception) in failed and f"({PINS}'s)" in failed
+
+
+def test_pin_refuses_a_folder_without_registry_files_and_a_malformed_sums_file(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="holds none of the registry's files"):
+        pin(tmp_path)
+    (tmp_path / PINS).write_text("not a checksum line\n")
+    with pytest.raises(UserError, match=f"{PINS}:1 is not a"):
+        check(tmp_path)
+    assert main(["weights", "pin", str(tmp_path / "absent")]) == 2
 
 
 def test_missing_files_fail_when_needed_and_unpinned_ones_pass_on_presence(

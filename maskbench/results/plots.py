@@ -23,12 +23,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import NullFormatter
 
-from maskbench.metrics import get_metric
+from maskbench.metrics import compared_metrics, get_metric
 from maskbench.results.leaderboard import Row
 from maskbench.results.summary import Summary, summarize
-
-CURVE_METRICS = ("fid", "val_loss", "align_acc", "clip_score")  # a study page's curves, where measured
-LOG_Y = frozenset({"fid", "val_loss"})  # they fall over orders of magnitude while training
 
 
 def plot_leaderboard(summary_or_rows: Sequence[Summary] | Sequence[Row],
@@ -56,10 +53,12 @@ def plot_leaderboard(summary_or_rows: Sequence[Summary] | Sequence[Row],
     return path
 
 
-def group_curves(summary: Sequence[Summary], metrics: Sequence[str] = CURVE_METRICS, level: float = 0.95,
+def group_curves(summary: Sequence[Summary], metrics: Sequence[str] | None = None, level: float = 0.95,
                  dpi: int = 80) -> dict[tuple, bytes]:
     """One PNG per (dataset, model, batch size, budget, source) group: a row of two panels (GPU-hours, FLOPs)
-    per metric of `metrics` the group measures, one line per arm with its `level` CI as error bars."""
+    per metric of `metrics` (default: the registry's compared metrics) the group measures, one line per arm
+    with its `level` CI as error bars."""
+    metrics = compared_metrics() if metrics is None else metrics
     groups = _groups(summary, metrics)
     colors = _colors(groups)
     pngs = {}
@@ -97,7 +96,7 @@ def _plot_group(fig: Figure | SubFigure, group: tuple, records: list[Summary], c
             _draw(ax_flops, curve, metric, "train_flops", arm, colors[arm])
         ylabel = _ylabel(metric, records[0].fid_features)
         for ax, xlabel in ((ax_hours, "GPU-hours"), (ax_flops, "training FLOPs (fwd+bwd)")):
-            ax.set(xlabel=xlabel, ylabel=ylabel, yscale="log" if metric in LOG_Y else "linear")
+            ax.set(xlabel=xlabel, ylabel=ylabel, yscale="log" if get_metric(metric).log_axis else "linear")
             ax.grid(alpha=0.3)
         ax_flops.set_xscale("log")
         ax_flops.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap within a decade

@@ -26,10 +26,10 @@ from maskbench.results.targets import COMPUTE, Target
 
 FORMATS = ("table", "markdown", "csv")
 
-# "FD", not "FID": the column is Inception FID only where its features say inception (on synth it is the
-# oracle's Fréchet distance); `fd_note` says so under every table.
-TABLE_HEADER = ("dataset", "model", "batch", "budget", "arm", "point", "n", "FD", "FD features", "CLIP",
-                "val loss", "align", "GPU-h", "ref")
+# The summary table's columns around its metrics (`table_header`). "FD", not "FID": the column is Inception FID
+# only where its features say inception (on synth it is the oracle's Fréchet distance); FD_NOTE says so.
+TABLE_HEAD = ("dataset", "model", "batch", "budget", "arm", "point", "n")
+TABLE_TAIL = ("GPU-h", "ref")
 RATIO_PARTS = ("bound", "geomean", "lo", "hi", "p", "p_adj", "not_reached")
 CSV_HEADER = ("dataset", "model", "batch_size", "budget_flops", "started_from", "arm", "point", "n",
               *(f"{m}{suffix}" for m in compared_metrics() for suffix in ("", "_ci")), "eval_only",
@@ -87,7 +87,7 @@ def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPL
     if fmt == "csv":
         return _render_csv(summary, metrics, family)
     sources = list(dict.fromkeys(r.source for r in summary if r.is_reference))
-    tables = [(None, TABLE_HEADER, [_table_cells(r, sources) for r in summary])]
+    tables = [(None, table_header(), [_table_cells(r, sources) for r in summary])]
     notes = list(dict.fromkeys(note for r in summary for note in _group_notes(r)))
     notes += [f"[{i}] {source}" for i, source in enumerate(sources, 1)]
     notes += [FD_NOTE] + ([EVAL_ONLY_NOTE] if any(r.eval_only for r in summary) else [])
@@ -245,15 +245,24 @@ def _group_notes(record: Summary) -> list[str]:
     return [f"{group}: {note}" for note in dict.fromkeys((*record.notes, *extra))]
 
 
+def table_header() -> tuple[str, ...]:
+    """The summary table's columns: each compared metric of the registry (and the feature space it is measured
+    in, where it names one) between the group's columns and the compute's."""
+    metrics = [get_metric(name) for name in compared_metrics()]
+    return (*TABLE_HEAD, *(label for m in metrics for label in (m.label, *((f"{m.label} features",) if m.features else ()))),
+            *TABLE_TAIL)
+
+
 def _table_cells(record: Summary, sources: list[str]) -> list[str]:
-    """Display strings of one record, in TABLE_HEADER order."""
-    def pm(metric: str) -> str:
-        return _pm(record.metrics[metric]) + (" (eval SE)" if metric in record.eval_only else "")
+    """Display strings of one record, in `table_header` order."""
+    def cells(metric: str) -> list[str]:
+        value = _pm(record.metrics[metric]) + (" (eval SE)" if metric in record.eval_only else "")
+        features = get_metric(metric).features
+        return [value, getattr(record, features) or ""] if features else [value]
 
     return [
-        *_group_cells(record), _g(record.point), str(record.n), pm("fid"), record.fid_features,
-        pm("clip_score"), pm("val_loss"), pm("align_acc"), _g(record.gpu_hours),
-        f"[{sources.index(record.source) + 1}]" if record.is_reference else "",
+        *_group_cells(record), _g(record.point), str(record.n), *(c for m in compared_metrics() for c in cells(m)),
+        _g(record.gpu_hours), f"[{sources.index(record.source) + 1}]" if record.is_reference else "",
     ]
 
 

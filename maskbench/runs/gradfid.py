@@ -13,6 +13,13 @@ noise, the gap two estimates of one expectation show) and, on latents, the VAE r
 re-encode at native size), whose gap is the encoder chain's and is subtracted from every demotion
 route's. `certify` turns the bins where a route's gap is surely below EPS into a route table.
 
+anima's own protocol is computed beside it (`anima_gaps`; sorryhyun/anima_lora
+`project/sigma_lowres/bench/sigma_probe/stats.py`, `ArmStatter.stats`): per batch, the route's gap is the
+cosine of the two native estimates minus the route's mean cosine to them, averaged over batches with its
+standard error, and a route passes where that gap is within the re-encode control's band (`certify`
+with protocol "anima"). It is not debiased: gradient noise lowers both cosines, so its gap depends on the
+batch size, which is why it is compared with a control measured on the same batches.
+
 Every bin reuses the same n batches of training data, so the bins of a route differ only in t and
 noise. A bin holds m group sums of (routes + 1) flattened fp32 gradients on the CPU until their Gram
 matrices are formed: m · (routes + 1) · params · 4 bytes. m = n (each batch its own group) when that
@@ -59,7 +66,8 @@ from maskbench.results.estimators import debiased_cosine, jackknife_se
 from maskbench.train.checkpoint import RunDir
 
 CSV_FIELDS = ("route", "mask_ratio", "ratio", "t_lo", "t_hi", "n_batches", "groups", "cosine", "ci_lo", "ci_hi",
-              "naive_cosine", "gap", "gap_hi")
+              "naive_cosine", "gap", "gap_hi", "anima_gap", "anima_gap_hi")
+PROTOCOLS = ("maskbench", "anima")  # which gap `certify` reads: debiased (gap_hi) or anima's (anima_gap_hi)
 GRAM_CHUNK = 1 << 18  # parameters per fp64 Gram update: bounds the fp64 copy at groups·(1+R)·2 MiB
 
 
@@ -232,14 +240,15 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
     with tqdm(total=bins * batches, desc=f"gradfid {run.root.name}", unit="batch", dynamic_ncols=True) as bar:
         for k, t_bin in enumerate(t_bins(bins)):
             sums = torch.zeros(groups, 1 + len(routes), params)                        # m×(1+R)×P
-            naive = []
+            naive, anima = [], []
             for i, batch in enumerate(data_batches):
                 generator = probe_generator(seed, k, i)  # bin k, batch i
                 stack = route_grads(model, batch, routes, t_bin, generator, cfg.train.mae_weight, device)
                 naive.append(cosines_to_full(stack))
+                anima.append(anima_gaps(stack, routes))
                 sums[i % groups] += stack
                 bar.update()
-            rows += bin_rows(sums, np.mean(naive, axis=0), routes, t_bin, batches, bins)
+            rows += bin_rows(sums, np.mean(naive, axis=0), routes, t_bin, batches, bins, anima=np.array(anima))
     out = run.root / "probe"
     out.mkdir(exist_ok=True)
     write_csv(out / "gradfid.csv", rows)
@@ -263,41 +272,73 @@ def cosines_to_full(stack: torch.Tensor) -> np.ndarray:
     return g[0, 1:] / np.sqrt(g[0, 0] * np.diag(g)[1:])
 
 
+def anima_gaps(stack: torch.Tensor, routes: tuple[Route, ...]) -> np.ndarray:
+    """R per-batch gaps of anima's protocol from a (1+R)×P stack: cos(full, native2) − the mean of the route's
+    cosines to the two (NaN for the self-floor itself, which is one of the two).
+
+    The routes share the full gradient's noise (maskbench pairs its draws), where anima draws each arm its
+    own; the average over both native estimates is anima's all the same."""
+    g = gram(stack)                                                                # (1+R)×(1+R)
+    cos = g / np.sqrt(np.outer(np.diag(g), np.diag(g)))                           # (1+R)×(1+R)
+    f = 1 + routes.index(FLOOR)                                                    # the second native estimate
+    gaps = cos[0, f] - (cos[0, 1:] + cos[f, 1:]) / 2                               # R
+    gaps[f - 1] = np.nan
+    return gaps
+
+
 def bin_rows(sums: torch.Tensor, naive: np.ndarray, routes: tuple[Route, ...], t_bin: tuple[float, float],
-             n_batches: int, n_bins: int, level: float = 0.95) -> list[dict]:
+             n_batches: int, n_bins: int, level: float = 0.95, anima: np.ndarray | None = None) -> list[dict]:
     """One row per route from a bin's m group sums (m×(1+R)×P), via one fp64 Gram matrix of all of them.
 
     `naive` is each route's mean per-batch cosine, taken before the batches were summed into groups.
     gap = 1 − debiased cosine; a demotion route's gap has the round-trip control's subtracted when there
     is one (both on the same batches, so the difference's jackknife runs on paired leave-one-outs).
     gap_hi is its one-sided upper bound at `level`, Bonferroni-corrected over the `n_bins` bins tested.
+    `anima` (batches×R, `anima_gaps`) gives anima_gap, its mean over batches, and anima_gap_hi, the same
+    one-sided bound from its standard error; NaN without it.
     """
     m, stack = sums.shape[:2]
     g = gram(sums.reshape(m * stack, -1)).reshape(m, stack, m, stack)              # group, route, group, route
     fits = [debiased_cosine(g[:, 0, :, 0], g[:, r, :, r], g[:, 0, :, r]) for r in range(1, stack)]
     control = next((fit for route, fit in zip(routes, fits) if route.control == "roundtrip"), None)
     z = scipy.stats.norm.ppf(1 - (1 - level) / n_bins)
+    if anima is None:
+        anima = np.full((2, len(routes)), np.nan)
+    anima_mean, anima_se = anima.mean(axis=0), anima.std(axis=0, ddof=1) / np.sqrt(len(anima))  # R, R
     rows = []
-    for route, est, naive_cosine in zip(routes, fits, naive):
+    for route, est, naive_cosine, a_gap, a_se in zip(routes, fits, naive, anima_mean, anima_se):
         gap, loo = 1 - est.cosine, 1 - np.array(est.loo)                            # scalar, m
         if route.ratio < 1 and control is not None:
             gap, loo = gap - (1 - control.cosine), loo - (1 - np.array(control.loo))
         rows.append({"route": route.name, "mask_ratio": route.mask_ratio, "ratio": route.ratio, "t_lo": t_bin[0],
                      "t_hi": t_bin[1], "n_batches": n_batches, "groups": est.n, "cosine": est.cosine,
                      "ci_lo": est.ci_lo, "ci_hi": est.ci_hi, "naive_cosine": float(naive_cosine), "gap": float(gap),
-                     "gap_hi": float(gap + z * jackknife_se(loo))})                 # NaN stays NaN: never certified
+                     "gap_hi": float(gap + z * jackknife_se(loo)),                 # NaN stays NaN: never certified
+                     "anima_gap": float(a_gap), "anima_gap_hi": float(a_gap + z * a_se)})
     return rows
 
 
-def certify(rows: list[dict], eps: float) -> list[dict]:
-    """The route table the probe certifies: per demotion ratio, each run of contiguous bins whose gap_hi < eps.
+def certify(rows: list[dict], eps: float, protocol: str = "maskbench") -> list[dict]:
+    """The route table the probe certifies: per demotion ratio, each run of contiguous bins that pass.
+
+    "maskbench": a bin passes where gap_hi < eps. "anima": where anima_gap_hi < eps + the round-trip
+    control's anima_gap_hi in that bin (the re-encode band; on pixels, with no control, eps alone).
 
     Deeper demotion (smaller ratio) gets the higher priority, so where windows overlap a sample takes
     the cheapest route certified for its t (anima's stacked router). Returns `train.demote_routes` entries.
     """
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"unknown probe protocol {protocol!r}; choose from {', '.join(PROTOCOLS)}")
+    band = {(r["t_lo"], r["t_hi"]): r["anima_gap_hi"] for r in rows if r.get("route") == ROUNDTRIP.name}
+
+    def passes(row: dict) -> bool:
+        if protocol == "anima":
+            return row["anima_gap_hi"] < eps + band.get((row["t_lo"], row["t_hi"]), 0.0)
+        return row["gap_hi"] < eps
+
     table = []
     for ratio in sorted({row["ratio"] for row in rows if row["ratio"] < 1}):
-        bins = sorted((row["t_lo"], row["t_hi"], row["gap_hi"] < eps) for row in rows if row["ratio"] == ratio)
+        bins = sorted((row["t_lo"], row["t_hi"], passes(row)) for row in rows if row["ratio"] == ratio)
         for passed, run in itertools.groupby(bins, key=lambda b: b[2]):
             if passed:
                 run = list(run)
@@ -306,12 +347,14 @@ def certify(rows: list[dict], eps: float) -> list[dict]:
     return [{**route, "priority": ranks[route["ratio"]]} for route in table]
 
 
-def write_arm(path: Path, table: list[dict], eps: float, source: str) -> None:
+def write_arm(path: Path, table: list[dict], eps: float, source: str, protocol: str = "maskbench") -> None:
     """An arm file `maskbench run arm=PATH` takes: mask 0 throughout, the certified routes, per-sample gate."""
-    arm = {"arm": {"name": path.stem, "description": f"demotion routes certified by gradfid at eps {eps:g} on {source}",
+    how = f"eps {eps:g}" + ("" if protocol == "maskbench" else f", {protocol}'s protocol")
+    arm = {"arm": {"name": path.stem, "description": f"demotion routes certified by gradfid at {how} on {source}",
                    "phases": [{"mask_ratio": 0.0, "fraction": 1.0}]},
            "train": {"demote_routes": table, "demote_gate": "sample"}}
-    path.write_text(f"# written by `maskbench probe gradfid --certify {eps:g}` on {source}\n"
+    flag = "" if protocol == "maskbench" else f" --protocol {protocol}"
+    path.write_text(f"# written by `maskbench probe gradfid --certify {eps:g}{flag}` on {source}\n"
                     + yaml.safe_dump(arm, sort_keys=False))
 
 

@@ -301,7 +301,8 @@ class Trainer:
         demoted = {ratio: x.to(device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
         with acc.autocast():
             loss = windowed_flow_loss(unwrapped, x0, noise, t, context, context_mask, keep_idx,
-                                      drop, self.routes, cfg.train.demote_gate, cfg.train.mae_weight,
+                                      drop, self.routes if phase.demote else [], cfg.train.demote_gate,
+                                      cfg.train.mae_weight,
                                       forward=self.forward, generator=generator("demote"),
                                       demoted=demoted or None,  # on the device: the loss indexes it by t there
                                       span_idx=span_idx, drop_path=drop_path, repa=self.repa)

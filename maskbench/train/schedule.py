@@ -56,6 +56,7 @@ class PhasePlan:
     lr: tuple[float, float] | None = None  # its own LR multipliers [start, end] (`Phase.lr`), else the run's
     index: int = 0                    # its place in the arm
     start: int = 0                    # the global step it starts at
+    demote: bool = True               # whether its steps take the run's demotion routes (`Phase.demote`)
 
     @property
     def steps(self) -> int:
@@ -96,7 +97,7 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
                               f"(mask {phase.mask_ratio}, {phase.fraction:.0%} of the budget): one step costs {cost:.3g}")
         carried = allowance - spent if index in ends else 0.0
         plans.append(PhasePlan(phase.mask_ratio, tuple(costs), phase.trainable, phase.until,
-                               tuple(phase.lr) if phase.lr is not None else None, index, start))
+                               tuple(phase.lr) if phase.lr is not None else None, index, start, phase.demote))
         start += len(costs)
     return plans
 
@@ -173,7 +174,7 @@ def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mappi
     def step_cost(phase: Phase, step: int) -> int:
         if phase.trainable == Trainable.skips:
             return frozen(phase.mask_ratio)
-        return cost(phase.mask_ratio, downscaled_count(cfg, n_streams, step))
+        return cost(phase.mask_ratio, downscaled_count(cfg, n_streams, step) if phase.demote else ())
 
     def planned(budget: float, points: Sequence[float], ends: Mapping[int, int]) -> Schedule:
         phases = plan_phases(cfg.arm.phases, budget, step_cost, ends)

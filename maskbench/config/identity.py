@@ -1,0 +1,118 @@
+"""What names a run: the fields that change its results, hashed with the draw scheme into its run id.
+
+Two configs that would train and measure the same thing get the same id (so a run resumes and a sweep
+skips a finished cell); any change to what is learned or measured gives a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import OmegaConf
+
+from maskbench.config.schema import ArmConfig, Phase, RunConfig, Trainable
+from maskbench.errors import ConfigError
+
+# Fields added after the first results landed: hashed only when set, so runs that do not use them keep
+# their names (and resume) across upgrades.
+HASHED_WHEN_SET = {
+    "model.long_skip", "model.skip_scale", "model.skip_kappa", "model.decoder_depth",
+    "train.mae_weight", "train.downscale_window", "train.downscale_factor", "train.demote_routes",
+    "train.demote_gate", "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
+    "eval.final_n_samples", "eval.bootstrap_resamples", "model.sparse_fusion", "model.path_drop",
+    "train.repa_weight", "train.repa_depth", "train.repa_encoder",
+    "model.route_ratio", "model.route_start", "model.route_end",
+}
+# The same for the fields of each phase (a list element, so not a dotted name above).
+PHASE_HASHED_WHEN_SET = {"trainable", "until", "lr", "demote"}
+
+# Fields that cannot change what a run learns or measures; everything else names the run.
+NOT_RESULT_FIELDS = {
+    "paths", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
+    "train.keep_checkpoints", "train.stop_at_step", "eval.batch_size", "arm.description",
+    "eval.inception_weights", "eval.clip_weights", "eval.reference_stats", "eval.vae", "eval.dinov2_weights",
+    "eval.dinov2_model",
+    "train.fused_optimizer", "train.attention", "train.pin_memory", "train.activation_checkpointing",
+    "train.dist_timeout_minutes", "train.log_with",
+}
+
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+
+
+def _drop_fields(tree: dict, dotted: set[str], prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if name in dotted:
+            continue
+        out[key] = _drop_fields(value, dotted, f"{name}.") if isinstance(value, dict) else value
+    return out
+
+
+def _lookup(tree: dict, dotted: str) -> object:
+    for key in dotted.split("."):
+        tree = tree[key]
+    return tree
+
+
+# How a step's random draws are keyed (`maskbench.train.schedule.step_generator`) and its data read (v2: every
+# loader interleaves `LOADER_STREAMS` streams, whatever its worker count). Hashed into every run id: runs
+# trained under an older scheme drew differently, so a new run must not resume one of them.
+DRAW_SCHEME = "crn-v2"
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """sha256 of the fields that change results (paths, worker counts, kernel choice excluded), and of
+    the draw scheme.
+
+    init_from is hashed as the source's run id and point, not its path: the same source moved or named
+    by a relative path is the same start."""
+    tree, defaults = to_dict(cfg), to_dict(RunConfig())
+    unset = {name for name in HASHED_WHEN_SET if _lookup(tree, name) == _lookup(defaults, name)}
+    relevant = _drop_fields(tree, NOT_RESULT_FIELDS | unset)
+    phase_defaults = _phase_dict(Phase())
+    relevant["arm"]["phases"] = [{k: v for k, v in phase.items()
+                                  if k not in PHASE_HASHED_WHEN_SET or v != phase_defaults[k]}
+                                 for phase in relevant["arm"]["phases"]]
+    if cfg.init_from is not None:
+        relevant["init_from"] = source_label(cfg.init_from)
+    relevant["draws"] = DRAW_SCHEME
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
+
+def _phase_dict(phase: Phase) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(phase), resolve=True, enum_to_str=True)
+
+
+def split_source(init_from: str) -> tuple[Path, Optional[float]]:
+    """RUN_DIR@POINT -> (RUN_DIR, POINT); RUN_DIR alone -> (RUN_DIR, None: its final point)."""
+    path, at, point = init_from.rpartition("@")
+    if not at:
+        return Path(init_from), None
+    try:
+        return Path(path), float(point)
+    except ValueError:
+        raise ConfigError(f"init_from={init_from!r}: expected RUN_DIR or RUN_DIR@POINT (a fraction such as 0.5)") from None
+
+
+def source_label(init_from: str) -> str:
+    """The source's run id, with @point when one was given (the leaderboard's init_from column)."""
+    path, point = split_source(init_from)
+    return path.name if point is None else f"{path.name}@{point:g}"
+
+
+def run_id(cfg: RunConfig) -> str:
+    return f"{cfg.arm.name}-{cfg.data.name}-{cfg.model.name}-s{cfg.seed}-{config_hash(cfg)[:8]}"
+
+
+def format_arm(arm: ArmConfig) -> str:
+    """Compact phase list, e.g. `0.75@75%,0@25%` (the leaderboard's `phases` column); a rule phase's
+    fraction is a cap (`0@<=30%`) and a skips-only phase says so (`/skips`)."""
+    return ",".join(f"{p.mask_ratio:g}@{'<=' if p.until else ''}{p.fraction * 100:g}%"
+                    f"{'/skips' if p.trainable == Trainable.skips else ''}" for p in arm.phases)

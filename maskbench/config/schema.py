@@ -1,0 +1,195 @@
+"""The run configuration's schema: typed dataclasses and enums, the shape every run's `config.yaml` has.
+
+Only what a config *is* lives here; how one is composed from YAML (`compose`), what makes one valid
+(`validate`) and what names a run (`identity`) are their own modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Optional
+
+from maskbench.models.presets import ModelConfig
+
+CONF_DIR = Path(__file__).parent.parent / "conf"  # maskbench/conf
+CONFIG_GROUPS = ("model", "data", "eval")  # Hydra groups a `key=option` override picks (arm is read apart)
+
+
+# The string options, validated by OmegaConf (a value outside the list is refused with the list).
+LRSchedule = StrEnum("LRSchedule", "wsd constant cosine")    # the LR schedule after the linear warm-up
+Precision = StrEnum("Precision", "auto no bf16 fp16")         # auto: bf16 on GPUs, fp32 (no) on CPU
+AttentionKernel = StrEnum("AttentionKernel", "auto math")    # auto: SDPA picks flash / memory-efficient kernels
+Tracker = StrEnum("Tracker", "none tensorboard wandb")        # experiment tracking (maskbench.train.tracking)
+Trainable = StrEnum("Trainable", "all skips")                 # what a phase trains: skips = the long-skip layers only
+InitWeights = StrEnum("InitWeights", "ema raw")               # which weights of an init_from source a run starts from
+DemoteGate = StrEnum("DemoteGate", "sample batch")            # which samples a demotion route takes (TrainConfig)
+
+
+@dataclass
+class Until:
+    """A rule that ends a phase early (its `fraction` is then a cap); checked every `every` steps of the phase.
+
+    val_loss_within=X: the EMA weights' fixed-t validation loss is within X (relative) of the init_from
+    source's at the point it was loaded from. skip_norm_growth_below=Y: the long-skip Linear layers' weight
+    norm grew by less than Y (relative) over the last `every` steps (Skip-DiT's advice for stage 1).
+    """
+    val_loss_within: Optional[float] = None
+    skip_norm_growth_below: Optional[float] = None
+    every: int = 25
+
+
+@dataclass
+class Phase:
+    mask_ratio: float = 0.0  # fraction of patch tokens dropped per sample
+    fraction: float = 1.0    # fraction of the FLOPs budget this phase spends (its cap, with `until`)
+    trainable: Trainable = Trainable.all  # skips: every parameter but the long-skip layers' is frozen
+    until: Optional[Until] = None         # end the phase when a rule fires; the rest of its budget moves on
+    lr: Optional[list[float]] = None      # [start, end] × train.lr, cosine over the phase (start = end: constant);
+                                          # None = the run's schedule. An author's own schedule (`*_authors` arms)
+    demote: bool = True                   # False: no demotion route in this phase, every sample at the native
+                                          # size (anima_lora's recipe demotes only in the last 75% of training)
+
+
+@dataclass
+class ArmConfig:
+    name: str = "mask0"
+    description: str = ""
+    phases: list[Phase] = field(default_factory=lambda: [Phase()])
+
+
+@dataclass
+class MixSource:
+    path: str = ""        # a folder holding train/ and val/ shard dirs
+    weight: float = 1.0   # relative sampling weight
+
+
+@dataclass
+class DataConfig:
+    name: str = "synth"            # with data.path: the source its shards' manifest records (`load_config`)
+    path: Optional[str] = None     # directory holding train/ and val/ shard dirs; None = generated under paths.data
+    image_size: int = 32           # pixels (synth) or latent size (latent shards; read from the manifest)
+    channels: int = 3
+    min_objects: int = 1           # synth only
+    max_objects: int = 3           # synth only
+    n_train: int = 50_000          # synth only
+    n_val: int = 2_000             # synth only
+    seed: int = 0                  # synth generation seed (not the run seed)
+    num_workers: Optional[int] = None  # loader workers per stream; None = sized from the CPUs (data order never depends on it)
+    shuffle_buffer: int = 1_000
+    max_bad_fraction: float = 0.05
+    mix: list[MixSource] = field(default_factory=list)  # data=mix: sources sampled by weight
+
+
+@dataclass
+class EvalConfig:
+    points: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    n_samples: int = 256           # generated images per eval point (the first N held-out prompts)
+    final_n_samples: Optional[int] = None  # generated images at the final point (1.0); None = n_samples
+    sampler_steps: int = 20        # Euler steps of the rectified-flow ODE
+    cfg_scale: float = 2.5
+    noise_seed: int = 1234         # fixed noise per prompt index, shared by every arm and seed
+    batch_size: int = 128
+    val_samples: int = 512         # held-out samples for the validation loss
+    val_t: list[float] = field(default_factory=lambda: [(i + 0.5) / 8 for i in range(8)])
+    grid_size: int = 64            # images in the sample grid PNG
+    inception_weights: Optional[str] = None  # local inception-2015-12-05.pt (real-data FID)
+    reference_stats: Optional[str] = None    # FID reference npz; default <data>/val/inception_stats.npz
+    clip_model: Optional[str] = None         # e.g. ViT-H-14; None = no CLIP score
+    clip_weights: Optional[str] = None       # open_clip tag (cached locally) or a local weights file
+    vae: Optional[str] = None                # latent data: VAE folder in place of the one the manifest records
+    dinov2_weights: Optional[str] = None     # local timm DINOv2 weights file: adds FD-DINOv2 (real data)
+    dinov2_model: str = "vit_large_patch14_dinov2.lvd142m"  # the timm architecture of those weights
+    bootstrap_resamples: int = 100  # resamples of the generated samples for the FD and CLIP errors; 0 = none
+
+
+@dataclass
+class BudgetConfig:
+    flops: float = 1.0e13          # training FLOPs (fwd+bwd, analytic) every arm gets: 283 unmasked micro_s steps
+                                   # at batch 64 (35.2 GFLOP each), ~2-3 CPU-minutes of training per arm; the
+                                   # powered study (conf/study/powered.yaml) runs 4e13
+
+
+@dataclass
+class DemoteRoute:
+    """One row of the demotion route table: samples whose t lies in `t` train at `ratio` × the native side."""
+    ratio: float = 0.5                                           # demoted side / native side, in (0, 1)
+    t: list[float] = field(default_factory=lambda: [0.0, 1.0])  # the closed noise window [t_lo, t_hi]
+    priority: int = 0                                            # where windows overlap the highest wins (ties: first)
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64           # global batch (all processes)
+    lr: float = 1e-3
+    schedule: LRSchedule = LRSchedule.wsd  # wsd: every eval point is a cooled horizon (`maskbench.train.schedule`)
+    decay_fraction: float = 0.2    # wsd: the LR decays (1 - sqrt) over the last this much of each horizon's FLOPs
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    ema_decay: float = 0.999       # with warm-up min(decay, (1+n)/(10+n)): short runs do not lag
+    caption_dropout: float = 0.1   # enables classifier-free guidance
+    mixed_precision: Precision = Precision.auto
+    compile: bool = False
+    checkpoint_minutes: float = 10.0
+    keep_checkpoints: int = 2      # periodic checkpoints kept; eval-point checkpoints are always kept
+    max_bad_steps: int = 5         # consecutive non-finite losses before stopping
+    stop_at_step: Optional[int] = None  # save and stop there, as a preemption would (resume later)
+    grad_accum: int = 1            # micro-batches per step; processes × grad_accum data streams share the batch
+    fused_optimizer: bool = True   # fused AdamW kernel (CUDA only)
+    attention: AttentionKernel = AttentionKernel.auto
+    pin_memory: bool = True        # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
+    activation_checkpointing: bool = False  # recompute each DiT block in backward: less memory, ~1/3 more compute
+    dist_timeout_minutes: float = 120.0     # collective timeout: other ranks wait while rank 0 evaluates
+    log_with: Tracker = Tracker.none  # tensorboard: event files under the run dir
+    mae_weight: float = 0.0        # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
+    downscale_window: list[float] = field(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
+    downscale_factor: int = 2      # 1/factor resolution: the one-route shorthand of demote_routes
+    demote_routes: list[DemoteRoute] = field(default_factory=list)  # the route table (FLOPs counted at each size)
+    demote_gate: DemoteGate = DemoteGate.sample  # sample: each sample by its own t; batch: all of a micro-batch or none
+    skip_step_grad_norm: Optional[float] = None  # Skip-DiT's guard: no optimizer step when the global grad norm
+                                                 # (before clipping) is non-finite or above this; counted
+    repa_weight: float = 0.0       # REPA (sihyun-yu/REPA): λ on its alignment loss, 0 = off (its default 0.5)
+    repa_depth: Optional[int] = None  # the aligned block from 1 (mixer, backbone, decoder); None: scaled from 8 of 28
+    repa_encoder: Optional[str] = None  # "synth" (the shipped repa-synth-v1) or a timm DINOv2-B weights file;
+                                        # None: synth on synth data, else paths.weights' DINOv2-B (train/repa.py)
+
+
+@dataclass
+class PathsConfig:
+    runs: str = "runs"
+    data: str = "data"
+    leaderboard: str = "results/leaderboard.csv"
+    weights: Optional[str] = None  # folder laid out as `maskbench weights` lists; None: $MASKBENCH_WEIGHTS, if set
+
+
+@dataclass
+class RunConfig:
+    arm: ArmConfig = field(default_factory=ArmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    seed: int = 0
+    # RUN_DIR or RUN_DIR@POINT: start from another run's weights (`maskbench.runs.launch.load_source`). The
+    # source's FLOPs are not part of this run's budget; its run id names this run (config_hash).
+    init_from: Optional[str] = None
+    init_weights: InitWeights = InitWeights.ema
+
+
+
+def demote_routes(train: TrainConfig) -> list[DemoteRoute]:
+    """The route table in the order routes are tried (highest priority first, ties in list order).
+
+    `downscale_window` + `downscale_factor` is the one-route shorthand (ratio 1/factor), kept so that
+    the runs trained with it keep their names and results.
+    """
+    if train.downscale_window:
+        return [DemoteRoute(1 / train.downscale_factor, list(train.downscale_window))]
+    return sorted(train.demote_routes, key=lambda route: -route.priority)
+
+
