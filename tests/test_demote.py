@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.cli import main
-from maskbench.config import DemoteRoute, demote_routes, load_config
+from maskbench.config import DemoteRoute, demote_routes, format_arm, load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.demote import demoted_size
 from maskbench.errors import ConfigError
@@ -152,6 +152,7 @@ def test_a_phase_without_demotion_trains_native_and_is_planned_at_the_native_cos
     is planned at a native step's cost; the routes start at the switch, and the run spends its exact budget."""
     cfg = load_config(["arm=downscale_routes_late", *tiny_overrides(tmp_path, synth_root, "eval.points=[1.0]")])
     data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    assert format_arm(cfg.arm) == "0@25%/native,0@75%"                            # the leaderboard's phases column
     native, late = make_schedule(cfg, data, n_streams=1).phases
     full = batch_step_flops(cfg, data, 0.0)
     assert set(native.flops_per_step) == {full} and min(late.flops_per_step) < full

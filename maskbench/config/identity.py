@@ -113,6 +113,8 @@ def run_id(cfg: RunConfig) -> str:
 
 def format_arm(arm: ArmConfig) -> str:
     """Compact phase list, e.g. `0.75@75%,0@25%` (the leaderboard's `phases` column); a rule phase's
-    fraction is a cap (`0@<=30%`) and a skips-only phase says so (`/skips`)."""
+    fraction is a cap (`0@<=30%`), a skips-only phase says so (`/skips`), and so does a phase that turns
+    the demotion routes off (`/native`)."""
     return ",".join(f"{p.mask_ratio:g}@{'<=' if p.until else ''}{p.fraction * 100:g}%"
-                    f"{'/skips' if p.trainable == Trainable.skips else ''}" for p in arm.phases)
+                    f"{'/skips' if p.trainable == Trainable.skips else ''}{'' if p.demote else '/native'}"
+                    for p in arm.phases)
