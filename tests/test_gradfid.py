@@ -140,7 +140,7 @@ def test_anima_gap_is_the_native_pair_cosine_minus_the_routes_mean_cosine_to_the
     cos(full, route) = 0.6, cos(native2, route) = 0.48, so the gap is 0.8 − (0.6 + 0.48)/2 = 0.26; the
     self-floor has none (it is one of the two native estimates)."""
     stack = torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.0, 0.8], [0.8, 0.6, 0.0]])      # full, route, native2
-    gaps = gradfid.anima_gaps(stack, (gradfid.demote_route(0.5), gradfid.FLOOR))
+    gaps = gradfid.anima_gaps(gradfid.gram(stack), (gradfid.demote_route(0.5), gradfid.FLOOR))
     assert gaps[0] == pytest.approx(0.26) and math.isnan(gaps[1])
 
 

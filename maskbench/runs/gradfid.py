@@ -244,8 +244,9 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
             for i, batch in enumerate(data_batches):
                 generator = probe_generator(seed, k, i)  # bin k, batch i
                 stack = route_grads(model, batch, routes, t_bin, generator, cfg.train.mae_weight, device)
-                naive.append(cosines_to_full(stack))
-                anima.append(anima_gaps(stack, routes))
+                g = gram(stack)                                                    # (1+R)×(1+R), once per batch
+                naive.append(cosines_to_full(g))
+                anima.append(anima_gaps(g, routes))
                 sums[i % groups] += stack
                 bar.update()
             rows += bin_rows(sums, np.mean(naive, axis=0), routes, t_bin, batches, bins, anima=np.array(anima))
@@ -266,19 +267,17 @@ def gram(vectors: torch.Tensor) -> np.ndarray:
     return out.numpy()
 
 
-def cosines_to_full(stack: torch.Tensor) -> np.ndarray:
-    """R per-batch cosines between each route's gradient and the full one, from a (1+R)×P stack."""
-    g = gram(stack)                                                                # (1+R)×(1+R)
+def cosines_to_full(g: np.ndarray) -> np.ndarray:
+    """R per-batch cosines between each route's gradient and the full one, from the (1+R)×(1+R) Gram matrix."""
     return g[0, 1:] / np.sqrt(g[0, 0] * np.diag(g)[1:])
 
 
-def anima_gaps(stack: torch.Tensor, routes: tuple[Route, ...]) -> np.ndarray:
-    """R per-batch gaps of anima's protocol from a (1+R)×P stack: cos(full, native2) − the mean of the route's
+def anima_gaps(g: np.ndarray, routes: tuple[Route, ...]) -> np.ndarray:
+    """R per-batch gaps of anima's protocol from the (1+R)×(1+R) Gram matrix of a batch's gradient stack: cos(full, native2) − the mean of the route's
     cosines to the two (NaN for the self-floor itself, which is one of the two).
 
     The routes share the full gradient's noise (maskbench pairs its draws), where anima draws each arm its
     own; the average over both native estimates is anima's all the same."""
-    g = gram(stack)                                                                # (1+R)×(1+R)
     cos = g / np.sqrt(np.outer(np.diag(g), np.diag(g)))                           # (1+R)×(1+R)
     f = 1 + routes.index(FLOOR)                                                    # the second native estimate
     gaps = cos[0, f] - (cos[0, 1:] + cos[f, 1:]) / 2                               # R
