@@ -122,7 +122,7 @@ def _tiny_step_flops(mask_ratio: float) -> int:
 def _plan(pairs: list[tuple[float, float]], budget: float) -> list:
     """plan_phases for (mask ratio, fraction) phases at the tiny default's step cost."""
     return plan_phases([Phase(ratio, fraction) for ratio, fraction in pairs], budget,
-                       lambda phase, step: _tiny_step_flops(phase.mask_ratio))
+                       lambda phase, step, done: _tiny_step_flops(phase.mask_ratio))
 
 
 def test_deep_preset_costs_what_tiny_costs_per_step() -> None:

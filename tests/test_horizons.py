@@ -64,10 +64,15 @@ def test_the_fork_is_where_a_horizon_leaves_the_trunk(tmp_path, synth_root):
     assert all(a > b for a, b in zip(factors[h.decay_start:], factors[h.decay_start + 1:])) and factors[-1] > 0
 
 
-def test_a_rule_phase_cannot_have_cooled_early_points(tmp_path, synth_root):
-    with pytest.raises(ConfigError, match="cannot be cooled branches"):
-        load_config(tiny_overrides(tmp_path, synth_root, "arm=lsc_convert", "train.schedule=wsd",
-                                   "init_from=/nonexistent"))
+def test_a_rule_phase_has_cooled_early_points_only_as_the_first_phase(tmp_path, synth_root):
+    """A horizon is the standalone run of its budget only if the rule decides it as it decides the trunk."""
+    arm = tmp_path / "late_rule.yaml"
+    arm.write_text("name: late_rule\nphases:\n  - {mask_ratio: 0.75, fraction: 0.25}\n"
+                   "  - {mask_ratio: 0.5, fraction: 0.5, until: {grad_cosine_below: 0.9}}\n"
+                   "  - {mask_ratio: 0.0, fraction: 0.25}\n")
+    with pytest.raises(ConfigError, match="to be the first"):
+        load_config(tiny_overrides(tmp_path, synth_root, f"arm={arm}"))
+    load_config(tiny_overrides(tmp_path, synth_root, f"arm={arm}", "eval.points=[1.0]"))  # one point: no branch
 
 
 def test_an_arm_can_carry_its_authors_learning_rates_phase_by_phase(tmp_path, synth_root):

@@ -41,7 +41,8 @@ def _inputs(model: DiT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
 def test_presets_build_the_dit_sizes() -> None:
     sizes = {name: (c.depth, c.width, c.heads, c.patch_size, c.mixer_depth)
              for name, c in ((n, f()) for n, f in PRESETS.items())}
-    assert sizes == {"tiny": (4, 128, 4, 4, 0), "tiny_deep": (13, 68, 4, 4, 0), "micro_xs": (4, 64, 2, 4, 1),
+    assert sizes == {"tiny": (4, 128, 4, 4, 0), "tiny_deep": (13, 68, 4, 4, 0), "micro_xxs": (4, 32, 2, 4, 1),
+                     "micro_xs": (4, 64, 2, 4, 1),
                      "micro_s": (4, 128, 4, 4, 1), "micro_m": (6, 192, 6, 4, 1), "dit_s2": (12, 384, 6, 2, 0),
                      "dit_b2": (12, 768, 12, 2, 0), "dit_l2": (24, 1024, 16, 2, 0), "dit_xl2": (28, 1152, 16, 2, 0),
                      "microdit_xl2": (28, 1024, 16, 2, 6)}

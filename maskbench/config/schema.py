@@ -34,10 +34,15 @@ class Until:
     val_loss_within=X: the EMA weights' fixed-t validation loss is within X (relative) of the init_from
     source's at the point it was loaded from. skip_norm_growth_below=Y: the long-skip Linear layers' weight
     norm grew by less than Y (relative) over the last `every` steps (Skip-DiT's advice for stage 1).
+    grad_cosine_below=C: the debiased cosine between the phase's masked gradient and the full-token gradient,
+    on the step's own batch split into `probe_splits` parts, fell below C: masking stopped paying, its
+    gradient no longer points where the full one does. Its checks cost FLOPs, which the plan charges.
     """
     val_loss_within: Optional[float] = None
     skip_norm_growth_below: Optional[float] = None
+    grad_cosine_below: Optional[float] = None
     every: int = 25
+    probe_splits: int = 4   # grad_cosine_below: parts of each micro-batch (>= 3 for the debiased estimate)
 
 
 @dataclass

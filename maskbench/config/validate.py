@@ -110,10 +110,10 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
     until = phase.until
     if until is None:
         return
-    rules = [r for r in (until.val_loss_within, until.skip_norm_growth_below) if r is not None]
-    if len(rules) != 1 or rules[0] < 0 or until.every < 1:
-        raise ConfigError(f"arm {name!r}: `until` takes one of val_loss_within / skip_norm_growth_below (>= 0) "
-                          f"and every >= 1, got {until}")
+    rules = [r for r in (until.val_loss_within, until.skip_norm_growth_below, until.grad_cosine_below) if r is not None]
+    if len(rules) != 1 or until.every < 1:
+        raise ConfigError(f"arm {name!r}: `until` takes one of val_loss_within / skip_norm_growth_below / "
+                          f"grad_cosine_below, and every >= 1, got {until}")
     if phase is cfg.arm.phases[-1]:
         raise ConfigError(f"arm {name!r}: the last phase cannot end early (`until`): its budget has nowhere to go")
     if until.val_loss_within is not None and cfg.init_from is None:
@@ -121,10 +121,41 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
                           "loss: give init_from=RUN_DIR")
     if until.skip_norm_growth_below is not None and cfg.model.long_skip == LongSkipKind.none:
         raise ConfigError(f"arm {name!r}: until.skip_norm_growth_below watches the long-skip layers: set model.long_skip")
-    if cfg.train.schedule == LRSchedule.wsd and any(point < 1.0 for point in cfg.eval.points):
-        raise ConfigError(f"arm {name!r}: a phase that ends by a rule (`until`) gives each horizon a run that leaves "
-                          "the trunk where the rule fires, so its eval points cannot be cooled branches: set "
-                          "train.schedule=constant (un-annealed snapshots) or eval.points=[1.0]")
+    if until.grad_cosine_below is not None:
+        _validate_cosine_rule(cfg, phase)
+    elif rules[0] < 0:
+        raise ConfigError(f"arm {name!r}: `until`'s threshold must be >= 0, got {rules[0]:g}")
+    _validate_rule_horizons(cfg, phase)
+
+
+def _validate_cosine_rule(cfg: RunConfig, phase: Phase) -> None:
+    """grad_cosine_below compares the phase's masked gradient with the full one, each micro-batch in parts."""
+    name, until = cfg.arm.name, phase.until
+    if phase.mask_ratio <= 0:
+        raise ConfigError(f"arm {name!r}: until.grad_cosine_below compares a masked gradient with the full one: "
+                          "its phase needs mask_ratio > 0")
+    micro = cfg.train.batch_size // cfg.train.grad_accum
+    if until.probe_splits < 3 or micro < until.probe_splits:
+        raise ConfigError(f"arm {name!r}: until.probe_splits must be >= 3 (the debiased cosine pairs distinct parts) "
+                          f"and at most the micro-batch ({micro}); got {until.probe_splits}")
+    if cfg.train.repa_weight or cfg.model.route_ratio or cfg.model.path_drop:
+        raise ConfigError(f"arm {name!r}: until.grad_cosine_below probes the flow loss alone: not with REPA, TREAD's "
+                          "routing or SPRINT's path drop")
+
+
+def _validate_rule_horizons(cfg: RunConfig, phase: Phase) -> None:
+    """Under wsd, a cooled horizon is the standalone run of its budget, which a rule decides like the trunk's
+    only while both are in the rule's phase at a constant LR: so one rule phase, the first, ending (at its cap)
+    before any horizon's LR decay starts. Its branches then never hold a rule check (`make_schedule`)."""
+    phases = cfg.arm.phases
+    if cfg.train.schedule != LRSchedule.wsd or all(point == 1.0 for point in cfg.eval.points):
+        return
+    rules = [p for p in phases if p.until is not None]
+    if phase is not phases[0] or len(rules) > 1 or phase.fraction > 1 - cfg.train.decay_fraction + 1e-9:
+        raise ConfigError(f"arm {cfg.arm.name!r}: cooled horizons (train.schedule=wsd, eval points before 1.0) need "
+                          "its one rule phase (`until`) to be the first and to end before the LR decay (fraction "
+                          f"<= 1 - train.decay_fraction = {1 - cfg.train.decay_fraction:g}); else set "
+                          "eval.points=[1.0] or train.schedule=constant")
 
 
 def _validate_techniques(cfg: RunConfig) -> None:

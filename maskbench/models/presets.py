@@ -56,6 +56,8 @@ def tiny() -> ModelConfig: return ModelConfig()
 # MicroDiT-shaped (deferred masking): a patch mixer on all tokens before the drop, about MicroDiT's
 # 6 mixer : 28 backbone blocks. micro_s is tiny plus one mixer block: the mission arms' default model.
 def micro_xs() -> ModelConfig: return ModelConfig(name="micro_xs", width=64, heads=2, mixer_depth=1)
+# Half micro_xs's width: the plateau study's candidate whose capacity, not its budget, ends its learning curve.
+def micro_xxs() -> ModelConfig: return ModelConfig(name="micro_xxs", width=32, heads=2, mixer_depth=1)
 def micro_s() -> ModelConfig: return ModelConfig(name="micro_s", mixer_depth=1)
 def micro_m() -> ModelConfig: return ModelConfig(name="micro_m", width=192, depth=6, heads=6, mixer_depth=1)
 # U-ViT's "depth 12" layout (6 in-blocks, a mid block, 6 out-blocks: 13 blocks and 6 long skips, as ScaleLong's
@@ -72,7 +74,7 @@ def microdit_xl2() -> ModelConfig: return ModelConfig(name="microdit_xl2", depth
 
 
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
-    "tiny": tiny, "tiny_deep": tiny_deep, "micro_xs": micro_xs, "micro_s": micro_s, "micro_m": micro_m,
+    "tiny": tiny, "tiny_deep": tiny_deep, "micro_xxs": micro_xxs, "micro_xs": micro_xs, "micro_s": micro_s, "micro_m": micro_m,
     "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2, "microdit_xl2": microdit_xl2,
 }
 

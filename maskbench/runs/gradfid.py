@@ -64,6 +64,7 @@ from maskbench.models.objective import demote, flow_loss
 from maskbench.models.presets import LEARNED_SKIP_SCALES, ModelConfig
 from maskbench.results.estimators import debiased_cosine, jackknife_se
 from maskbench.train.checkpoint import RunDir
+from maskbench.train.switch import flat_grad
 
 CSV_FIELDS = ("route", "mask_ratio", "ratio", "t_lo", "t_hi", "n_batches", "groups", "cosine", "ci_lo", "ci_hi",
               "naive_cosine", "gap", "gap_hi", "anima_gap", "anima_gap_hi")
@@ -141,13 +142,6 @@ def probe_batches(cfg: RunConfig, data: DatasetInfo, n: int, batch_size: int, se
     loader = make_loader(data.train_source, batch_size=batch_size, seed=seed, decode=loader_decoder(data, cfg.model),
                          max_bad_fraction=cfg.data.max_bad_fraction, shuffle_buffer=cfg.data.shuffle_buffer)
     return list(itertools.islice(loader, n))
-
-
-def flat_grad(model: DiT, loss: torch.Tensor) -> torch.Tensor:
-    """Every trainable parameter's gradient as one fp32 CPU vector (zeros for parameters a route skips)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
-    return torch.cat([g.reshape(-1) for g in grads]).float().cpu()               # P
 
 
 def route_grads(model: DiT, batch: dict, routes: tuple[Route, ...], t_bin: tuple[float, float],

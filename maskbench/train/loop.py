@@ -52,15 +52,15 @@ from maskbench.files import write_atomic
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.objective import sample_t, windowed_flow_loss
+from maskbench.models.objective import flow_loss, sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
 from maskbench.models.routing import draw_route
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
 from maskbench.train.repa import make_repa
-from maskbench.train.schedule import Horizon, PhasePlan, Schedule, make_schedule, step_generator
-from maskbench.train.switch import crossed, skip_weight_norm, watches_val_loss
+from maskbench.train.schedule import Horizon, PhasePlan, Schedule, make_schedule, rule_checks, step_generator
+from maskbench.train.switch import cosine_from_products, cross_products, crossed, skip_weight_norm, watches_val_loss
 from maskbench.train.tracking import flat_scalars, log_step
 
 
@@ -117,6 +117,21 @@ def set_trainable(model: DiT, trainable: str) -> None:
     skips = {id(param) for _, param in model.skip_parameters()}
     for param in model.parameters():
         param.requires_grad_(trainable == Trainable.all or id(param) in skips)
+
+
+@dataclass
+class StepDraws:
+    """One stream's micro-batch on the device and every draw of its step (`Trainer.step_draws`)."""
+    x0: torch.Tensor                  # b×C×H×W
+    t: torch.Tensor                   # b, on the host
+    drop: torch.Tensor                # b bool: caption dropped
+    keep_idx: torch.Tensor | None     # b×K kept tokens, None at mask 0
+    span_idx: torch.Tensor | None     # b×R, TREAD's routed tokens
+    drop_path: torch.Tensor | None    # b bool, SPRINT's path drop
+    noise: torch.Tensor               # b×C×H×W
+    context: torch.Tensor             # b×T(×D)
+    context_mask: torch.Tensor        # b×T
+    demote: torch.Generator           # a demotion route's fresh draws
 
 
 @dataclass
@@ -273,13 +288,12 @@ class Trainer:
         self.state.checkpoint_seconds += time.perf_counter() - tick
 
     # ------------------------------------------------------------------------------------ step
-    def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training loss of one stream's micro-batch, and the digest of its shared draws.
+    def step_draws(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> StepDraws:
+        """One stream's micro-batch on the device with every draw of its step.
 
         Each purpose draws from its own generator keyed by (seed, stream, step, purpose), so every arm
         with this seed draws the same t, caption dropout and noise here; the mask is its own draw."""
-        cfg, acc = self.cfg, self.accelerator
-        unwrapped = self.net
+        cfg, acc, unwrapped = self.cfg, self.accelerator, self.net
 
         def generator(purpose: str, device: torch.device = acc.device) -> torch.Generator:
             return step_generator(cfg.seed, stream, step, purpose, device)
@@ -298,15 +312,43 @@ class Trainer:
         drop_path = draw_path_drop(b, cfg.model, generator("path_drop"), device)        # b, None without SPRINT's
         noise = torch.randn(x0.shape, generator=generator("noise"), device=device)     # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, device)
-        demoted = {ratio: x.to(device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
+        return StepDraws(x0, t, drop, keep_idx, span_idx, drop_path, noise, context, context_mask,
+                         generator("demote"))
+
+    def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training loss of one stream's micro-batch, and the digest of its shared draws."""
+        cfg, acc = self.cfg, self.accelerator
+        d = self.step_draws(batch, phase, stream, step)
+        demoted = {ratio: x.to(acc.device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
         with acc.autocast():
-            loss = windowed_flow_loss(unwrapped, x0, noise, t, context, context_mask, keep_idx,
-                                      drop, self.routes if phase.demote else [], cfg.train.demote_gate,
+            loss = windowed_flow_loss(self.net, d.x0, d.noise, d.t, d.context, d.context_mask, d.keep_idx,
+                                      d.drop, self.routes if phase.demote else [], cfg.train.demote_gate,
                                       cfg.train.mae_weight,
-                                      forward=self.forward, generator=generator("demote"),
+                                      forward=self.forward, generator=d.demote,
                                       demoted=demoted or None,  # on the device: the loss indexes it by t there
-                                      span_idx=span_idx, drop_path=drop_path, repa=self.repa)
-        return loss, draw_digest(t, drop, noise, device=acc.device)
+                                      span_idx=d.span_idx, drop_path=d.drop_path, repa=self.repa)
+        return loss, draw_digest(d.t, d.drop, d.noise, device=acc.device)
+
+    def probe_cosine(self, batches: list[dict], phase: PhasePlan, step: int) -> float:
+        """The `grad_cosine_below` rule's measurement before the step's update: the debiased cosine between
+        the phase's masked gradient and the full-token one, each stream's micro-batch in `probe_splits`
+        parts with the step's own t, noise, dropout and mask (the plan charges one full and one masked pass
+        of the batch). Pairs are formed within a rank and their sums added over ranks."""
+        acc, net, splits = self.accelerator, self.net, phase.until.probe_splits
+        products = torch.zeros(3, dtype=torch.float64)
+        for stream, batch in zip(self.streams, batches):
+            d = self.step_draws(batch, phase, stream, step)
+
+            def part_losses(idx: torch.Tensor, d: StepDraws = d) -> tuple[torch.Tensor, torch.Tensor]:
+                loss = functools.partial(flow_loss, net, d.x0[idx], d.noise[idx], d.t.to(acc.device)[idx],
+                                         d.context[idx], d.context_mask[idx], drop_context=d.drop[idx],
+                                         mae_weight=self.cfg.train.mae_weight)
+                with acc.autocast():
+                    return loss(), loss(keep_idx=d.keep_idx[idx])
+
+            parts = torch.arange(d.x0.shape[0], device=acc.device).tensor_split(splits)
+            products += cross_products([functools.partial(part_losses, idx) for idx in parts], net)
+        return cosine_from_products(acc.reduce(products.to(acc.device), "sum").cpu())
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Backward over this rank's micro-batches; returns their losses and draw digests.
@@ -432,6 +474,9 @@ class Trainer:
         self._enter(phase)
         batches, wait = self.read_batches(batch_iters)
         tick = time.perf_counter()
+        # A cosine rule's probe is part of the step it checks (the plan charges it there), on its weights before the update.
+        probed = (self.probe_cosine(batches, phase, state.step)
+                  if rule_checks(phase.until, state.step - phase.start + 1) else None)
         out = self.train_step(batches, wait, phase, state.step)
         if acc.device.type == "cuda":
             torch.cuda.synchronize()
@@ -450,7 +495,7 @@ class Trainer:
         state.data_wait_seconds += out["data_wait"]
         state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
         diagnostics = self.block_norms.step()
-        switch = self._check_rule(phase) if self.branch is None else {}
+        switch = self._check_rule(phase, probed) if self.branch is None else {}
         if acc.is_main_process:
             record = {
                 "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
@@ -534,18 +579,21 @@ class Trainer:
         if phase.index > 0 and state.switch_step is None:
             state.switch_step = phase.start
             self.accelerator.print(f"switched to phase {phase.index} at step {phase.start}")
-        if phase.until is not None and state.step == phase.start and not watches_val_loss(phase.until):
+        if phase.until is not None and phase.until.skip_norm_growth_below is not None and state.step == phase.start:
             state.rule = {"previous": skip_weight_norm(model)}
 
-    def _check_rule(self, phase: PhasePlan) -> dict:
-        """After a step of a rule phase, every `until.every` steps before its cap: measure, and if the rule
-        fires, end the phase here and replan the rest of the budget. Returns what the step's log records."""
+    def _check_rule(self, phase: PhasePlan, probed: float | None) -> dict:
+        """After a step of a rule phase, every `until.every` steps before its cap: measure (`probed`: the cosine
+        rule's measurement, taken during the step), and if the rule fires, end the phase here and replan the
+        rest of the budget. Returns what the step's log records."""
         until, state = phase.until, self.state
         done = state.step - phase.start
         if until is None or done % until.every or done >= phase.steps:
-            return {}
+            return {"until": {"phase": phase.index, "value": probed, "fired": False}} if probed is not None else {}
         if watches_val_loss(until):
             value = self.validation(self, self.ema.model)
+        elif until.grad_cosine_below is not None:
+            value = probed
         else:
             value = skip_weight_norm(self.net)
         fired = crossed(until, value, state.rule, self.start.val_loss if self.start else None)

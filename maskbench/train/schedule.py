@@ -67,13 +67,14 @@ class PhasePlan:
         return sum(self.flops_per_step)
 
 
-def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callable[[Phase, int], int],
+def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callable[[Phase, int, int], int],
                 ends: Mapping[int, int] | None = None) -> list[PhasePlan]:
     """Give each phase fraction × budget FLOPs, as whole steps.
 
-    step_cost(phase, step) is the cost of the run's global step `step` in that phase: constant for
-    most arms, smaller on steps where some samples train at a lower resolution (known in advance,
-    because every step's t is a function of the seed), or in a skips-only phase. Stopping before the
+    step_cost(phase, step, done) is the cost of the run's global step `step`, the `done`-th step of its
+    phase (from 1): constant for most arms, smaller on steps where some samples train at a lower
+    resolution (known in advance, because every step's t is a function of the seed), or in a skips-only
+    phase, larger on the steps a `grad_cosine_below` rule checks (`rule_checks`). Stopping before the
     step that would overrun loses less than one step per phase, so arms with different phase lists
     spend the same budget to within one step.
 
@@ -87,7 +88,7 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
     for index, phase in enumerate(phases):
         allowance, spent, costs = phase.fraction * budget_flops + carried, 0, []
         while len(costs) < ends.get(index, len(costs) + 1):
-            cost = step_cost(phase, start + len(costs))
+            cost = step_cost(phase, start + len(costs), len(costs) + 1)
             if index not in ends and spent + cost > allowance:
                 break
             costs.append(cost)
@@ -166,26 +167,33 @@ def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mappi
     With `ends` (phases whose rule fired: `plan_phases`), the eval points a run had already reached when
     a rule fired keep their steps; the later ones move to where the replanned FLOPs reach them.
     Under `train.schedule=wsd` every eval point before the last is a `Horizon` instead: a branch with
-    its own cooled schedule (a rule arm is refused points before the last by the config).
+    its own cooled schedule. A rule arm's horizon is the standalone run of its budget, whose rule fires
+    where the trunk's did if that was before its own phase's cap, and else never (`horizon_ends`).
     """
     cost = functools.cache(functools.partial(batch_step_flops, cfg, data))  # (mask ratio, downscaled) -> FLOPs
     frozen = functools.cache(functools.partial(skips_only_batch_flops, cfg, data))  # mask ratio -> FLOPs
 
-    def step_cost(phase: Phase, step: int) -> int:
+    def step_cost(phase: Phase, step: int, done: int) -> int:
         if phase.trainable == Trainable.skips:
             return frozen(phase.mask_ratio)
-        return cost(phase.mask_ratio, downscaled_count(cfg, n_streams, step) if phase.demote else ())
+        probe = cost(0.0, ()) + cost(phase.mask_ratio, ()) if rule_checks(phase.until, done) else 0
+        return cost(phase.mask_ratio, downscaled_count(cfg, n_streams, step) if phase.demote else ()) + probe
 
     def planned(budget: float, points: Sequence[float], ends: Mapping[int, int]) -> Schedule:
         phases = plan_phases(cfg.arm.phases, budget, step_cost, ends)
         decay = _decay_start(phases, cfg.train.decay_fraction) if cfg.train.schedule == LRSchedule.wsd else None
         return Schedule(phases, _eval_steps(points, phases), decay)
 
+    def horizon_ends(budget: float) -> dict[int, int]:
+        """The trunk's fired rules that a standalone run of `budget` shares: those that fired before its own cap
+        (the config allows one rule phase, the first, ending before the LR decay, so the runs agree until then)."""
+        return {i: n for i, n in (ends or {}).items() if n < planned(budget, [1.0], {}).phases[i].steps}
+
     if cfg.train.schedule == LRSchedule.wsd:
         trunk = planned(cfg.budget.flops, [p for p in cfg.eval.points if p == 1.0], dict(ends or {}))
         for point in sorted(p for p in cfg.eval.points if p < 1.0):
             try:
-                alone = planned(point * cfg.budget.flops, [1.0], {})
+                alone = planned(point * cfg.budget.flops, [1.0], horizon_ends(point * cfg.budget.flops))
             except ConfigError as err:
                 raise ConfigError(f"eval point {point:g} is a run of its own under train.schedule=wsd, and {err}; "
                                   "raise budget.flops or drop that point") from None
@@ -201,6 +209,12 @@ def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mappi
                  if point not in reached.values()}
         schedule = Schedule(replanned.phases, {**reached, **later}, replanned.decay_start)
     return schedule
+
+
+def rule_checks(until: Until | None, done: int) -> bool:
+    """Whether a phase's `grad_cosine_below` rule probes at its `done`-th step (from 1): every `until.every` steps,
+    the last step of the phase included, so the FLOPs the plan charges are the FLOPs the trainer spends."""
+    return until is not None and until.grad_cosine_below is not None and done % until.every == 0
 
 
 def _eval_steps(points: Sequence[float], phases: list[PhasePlan]) -> dict[int, float]:

@@ -6,9 +6,16 @@ not to over-train stage 1. A phase's `until` makes that a rule, checked every `u
 phase: the skip layers' weight-norm growth over a check interval fell below a fraction, or the
 (EMA) fixed-t validation loss is back within a fraction of the source run's. The phase's `fraction` is
 its cap; when the rule fires, the plan moves the rest of its budget to the next phase (`plan_phases`).
+
+The same machinery ends a masked phase when masking stops paying (issue 28's rule arm): every
+`until.every` steps, the masked gradient's debiased cosine to the full-token gradient on the step's own
+batch (the estimator of `maskbench probe gradfid`, on parts of the batch) fell below a threshold.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -20,6 +27,34 @@ def skip_weight_norm(model: DiT) -> float:
     """The L2 norm of all long-skip Linear weights together (what the growth rule watches)."""
     return torch.linalg.vector_norm(torch.stack([skip.proj.weight.detach().float().norm()
                                                  for skip in model.long_skips.values()])).item()
+
+
+def flat_grad(model: DiT, loss: torch.Tensor) -> torch.Tensor:
+    """Every trainable parameter's gradient as one fp32 CPU vector (zeros for parameters a route skips).
+    `autograd.grad` leaves `.grad` alone, so a probe between a step's backward and its update is harmless."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
+    return torch.cat([g.reshape(-1) for g in grads]).float().cpu()               # P
+
+
+def cross_products(losses: Sequence[Callable[[], tuple[torch.Tensor, torch.Tensor]]], model: DiT) -> torch.Tensor:
+    """The U-statistic sums of the debiased cosine (`results.estimators.debiased_cosine`) over n parts.
+
+    losses[i]() is part i's (full-token loss, masked loss) on the same samples, noise and t; with a_i, b_i
+    their gradients, returns fp64 [Σ_{i≠j} a_i·a_j, Σ_{i≠j} b_i·b_j, Σ_{i≠j} a_i·b_j]. Products of distinct,
+    independent parts are unbiased for the expected gradients' products, so sums from several ranks add.
+    """
+    grads = torch.stack([torch.stack([flat_grad(model, loss) for loss in pair()]) for pair in losses]).double()
+    a, b = grads[:, 0], grads[:, 1]                                                # n×P each
+    def off(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.sum(0) @ y.sum(0) - (x * y).sum()                                # Σ_i Σ_j − Σ_{i=j}
+    return torch.stack([off(a, a), off(b, b), off(a, b)])                          # 3
+
+
+def cosine_from_products(products: torch.Tensor) -> float:
+    """ab / √(aa·bb) from `cross_products`; NaN when the signal is below the noise (aa or bb <= 0)."""
+    aa, bb, ab = products.tolist()
+    return ab / math.sqrt(aa * bb) if aa > 0 and bb > 0 else math.nan
 
 
 def watches_val_loss(until: Until) -> bool:
@@ -37,6 +72,8 @@ def crossed(until: Until, value: float, memory: dict, reference: float | None) -
     """
     if watches_val_loss(until):
         return value <= (1 + until.val_loss_within) * reference
+    if until.grad_cosine_below is not None:
+        return value < until.grad_cosine_below  # NaN (no measurable signal) never fires
     previous, memory["previous"] = memory.get("previous"), value
     if previous is None:
         return False
