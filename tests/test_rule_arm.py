@@ -51,19 +51,19 @@ def test_the_cosine_rule_fires_below_its_threshold_and_never_on_nan() -> None:
 
 
 # ---------------------------------------------------------------------------------------- runs
-def _arm(tmp: Path, threshold: float, every: int = 2, fraction: float = 0.75) -> Path:
+def _arm(tmp: Path, threshold: float, every: int = 2, per_flop: bool = False) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "rule.yaml"
     path.write_text("name: rule\nphases:\n"
-                    f"  - {{mask_ratio: 0.75, fraction: {fraction}, until: {{grad_cosine_below: {threshold}, "
-                    f"every: {every}, probe_splits: 4}}}}\n"
-                    f"  - {{mask_ratio: 0.0, fraction: {1 - fraction:g}}}\n")
+                    f"  - {{mask_ratio: 0.75, fraction: 0.75, until: {{grad_cosine_below: {threshold}, "
+                    f"every: {every}, probe_splits: 4, per_flop: {str(per_flop).lower()}}}}}\n"
+                    "  - {mask_ratio: 0.0, fraction: 0.25}\n")
     return path
 
 
-def _cfg(tmp: Path, synth_root: Path, threshold: float, *extra: str, every: int = 2):
-    return load_config(tiny_overrides(tmp, synth_root, f"arm={_arm(tmp, threshold, every)}", "budget.flops=1e10",
-                                      "eval.points=[1.0]", *extra))
+def _cfg(tmp: Path, synth_root: Path, threshold: float, *extra: str, every: int = 2, per_flop: bool = False):
+    return load_config(tiny_overrides(tmp, synth_root, f"arm={_arm(tmp, threshold, every, per_flop)}",
+                                      "budget.flops=1e10", "eval.points=[1.0]", *extra))
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -97,7 +97,7 @@ def test_the_probe_costs_what_the_plan_charges(tmp_path, synth_root):
 
 def test_a_cosine_rule_switches_at_its_first_crossing_and_spends_the_budget(tmp_path, synth_root):
     never = train(_cfg(tmp_path / "never", synth_root, -1.0))
-    checks = [(r["step"], r["until"]["value"]) for r in _records(never) if "until" in r]
+    checks = [(r["step"], r["until"]["cosine"]) for r in _records(never) if "until" in r]
     values = np.array([v for _, v in checks])  # NaN where a part's signal is below its noise (2 samples a part)
     finite = values[np.isfinite(values)]
     assert len(values) >= 4 and len(finite) >= 3 and all(-1.5 < finite) and all(finite < 1.5)
@@ -108,13 +108,26 @@ def test_a_cosine_rule_switches_at_its_first_crossing_and_spends_the_budget(tmp_
     cfg = _cfg(tmp_path / "ruled", synth_root, threshold)
     ruled = train(cfg)
     logged = [r["until"] for r in _records(ruled) if "until" in r]
-    np.testing.assert_array_equal([c["value"] for c in logged], values[:first + 1])
+    np.testing.assert_array_equal([c["value"] for c in logged], values[:first + 1])  # value = cosine, not per FLOP
     assert [c["fired"] for c in logged] == [False] * first + [True]
     row = read_rows([tmp_path / "ruled" / "leaderboard.csv"])[-1]
     switch = checks[first][0] + 1
     assert row["switch_step"] == switch
     assert cfg.budget.flops - batch_step_flops(cfg, resolve_dataset(cfg.data, cfg.paths.data), 0.0) \
         < row["train_flops"] <= cfg.budget.flops  # the cap's allowance moved on: the budget is spent
+
+
+def test_a_per_flop_rule_divides_the_cosine_by_the_masked_steps_share(tmp_path, synth_root):
+    cfg = _cfg(tmp_path, synth_root, 2.5, per_flop=True, every=4)
+    data = resolve_dataset(cfg.data, cfg.paths.data)
+    share = batch_step_flops(cfg, data, 0.75) / batch_step_flops(cfg, data, 0.0)
+    checks = [r["until"] for r in _records(train(cfg)) if "until" in r]
+    decided = [c for c in checks if c["value"] is not None]
+    assert decided and 0.2 < share < 0.8
+    for check in decided:
+        assert check["value"] == pytest.approx(check["cosine"] / share) or np.isnan(check["cosine"])
+    # no check follows the one that fires: the masked phase has ended
+    assert [c["fired"] for c in decided] == [c["value"] < 2.5 for c in decided]
 
 
 @pytest.mark.parametrize("threshold", [-1.0, 2.0])  # the rule never fires / fires at its first check
@@ -140,6 +153,8 @@ def test_a_rule_arms_cooled_horizon_is_the_standalone_run_of_its_budget(tmp_path
      "needs mask_ratio > 0"),
     ("[{mask_ratio: 0.75, fraction: 0.5, until: {grad_cosine_below: 0.9, probe_splits: 2}}, "
      "{mask_ratio: 0.0, fraction: 0.5}]", "probe_splits must be >= 3"),
+    ("[{mask_ratio: 0.75, fraction: 0.5, until: {skip_norm_growth_below: 0.1, per_flop: true}}, "
+     "{mask_ratio: 0.0, fraction: 0.5}]", "per_flop scales the cosine rule"),
 ])
 def test_a_cosine_rule_is_refused_where_it_cannot_mean_what_it_says(tmp_path, synth_root, phases, message):
     arm = tmp_path / "bad.yaml"

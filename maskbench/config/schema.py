@@ -37,12 +37,16 @@ class Until:
     grad_cosine_below=C: the debiased cosine between the phase's masked gradient and the full-token gradient,
     on the step's own batch split into `probe_splits` parts, fell below C: masking stopped paying, its
     gradient no longer points where the full one does. Its checks cost FLOPs, which the plan charges.
+    per_flop: the cosine is first divided by the masked step's share of a full step's FLOPs, so C = 1 fires
+    where a masked step's progress along the full gradient per FLOP falls below a full step's (a normalised
+    step, as Adam's, moves the loss by about the cosine of its direction to the gradient).
     """
     val_loss_within: Optional[float] = None
     skip_norm_growth_below: Optional[float] = None
     grad_cosine_below: Optional[float] = None
     every: int = 25
     probe_splits: int = 4   # grad_cosine_below: parts of each micro-batch (>= 3 for the debiased estimate)
+    per_flop: bool = False  # grad_cosine_below: compare cosine / (masked step FLOPs / full step FLOPs)
 
 
 @dataclass

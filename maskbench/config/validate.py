@@ -114,6 +114,8 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
     if len(rules) != 1 or until.every < 1:
         raise ConfigError(f"arm {name!r}: `until` takes one of val_loss_within / skip_norm_growth_below / "
                           f"grad_cosine_below, and every >= 1, got {until}")
+    if until.per_flop and until.grad_cosine_below is None:
+        raise ConfigError(f"arm {name!r}: until.per_flop scales the cosine rule: set until.grad_cosine_below")
     if phase is cfg.arm.phases[-1]:
         raise ConfigError(f"arm {name!r}: the last phase cannot end early (`until`): its budget has nowhere to go")
     if until.val_loss_within is not None and cfg.init_from is None:

@@ -59,7 +59,15 @@ from maskbench.train.checkpoint import RunDir, TrainState, environment, load_che
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
 from maskbench.train.repa import make_repa
-from maskbench.train.schedule import Horizon, PhasePlan, Schedule, make_schedule, rule_checks, step_generator
+from maskbench.train.schedule import (
+    Horizon,
+    PhasePlan,
+    Schedule,
+    batch_step_flops,
+    make_schedule,
+    rule_checks,
+    step_generator,
+)
 from maskbench.train.switch import cosine_from_products, cross_products, crossed, skip_weight_norm, watches_val_loss
 from maskbench.train.tracking import flat_scalars, log_step
 
@@ -329,6 +337,10 @@ class Trainer:
                                       span_idx=d.span_idx, drop_path=d.drop_path, repa=self.repa)
         return loss, draw_digest(d.t, d.drop, d.noise, device=acc.device)
 
+    def masked_share(self, phase: PhasePlan) -> float:
+        """A masked step's FLOPs over a full step's, on this run's model and batch (`Until.per_flop`)."""
+        return batch_step_flops(self.cfg, self.data, phase.mask_ratio) / batch_step_flops(self.cfg, self.data, 0.0)
+
     def probe_cosine(self, batches: list[dict], phase: PhasePlan, step: int) -> float:
         """The `grad_cosine_below` rule's measurement before the step's update: the debiased cosine between
         the phase's masked gradient and the full-token one, each stream's micro-batch in `probe_splits`
@@ -589,17 +601,19 @@ class Trainer:
         until, state = phase.until, self.state
         done = state.step - phase.start
         if until is None or done % until.every or done >= phase.steps:
-            return {"until": {"phase": phase.index, "value": probed, "fired": False}} if probed is not None else {}
+            return {"until": {"phase": phase.index, "value": None, "fired": False, "cosine": probed}} \
+                if probed is not None else {}  # the probe the plan charged at the phase's last step: nothing to decide
         if watches_val_loss(until):
             value = self.validation(self, self.ema.model)
         elif until.grad_cosine_below is not None:
-            value = probed
+            value = probed / self.masked_share(phase) if until.per_flop else probed
         else:
             value = skip_weight_norm(self.net)
         fired = crossed(until, value, state.rule, self.start.val_loss if self.start else None)
         if self.accelerator.num_processes > 1:  # one decision for every rank
             fired = broadcast_object_list([fired])[0]
-        record = {"until": {"phase": phase.index, "value": value, "fired": fired}}
+        record = {"until": {"phase": phase.index, "value": value, "fired": fired,
+                            **({"cosine": probed} if probed is not None else {})}}
         if fired:
             state.phase_ends = {**state.phase_ends, phase.index: done}
             self.schedule = make_schedule(self.cfg, self.data, self.n_streams, state.phase_ends)
