@@ -1,0 +1,55 @@
+"""The real-vs-real floor of oracle FD on a synth dataset: held-out scenes against fresh scenes of the same renderer.
+
+A model's FD is read against this floor: a model whose samples were indistinguishable from real scenes would
+score about the floor at the same sample count (FD's bias depends on it). The fresh scenes are the held-out
+split of a second synth dataset drawn with another generation seed, so they share no scene with the reference.
+
+    python benchmarks/fd_floor.py data.max_objects=1 --n 2048     # one-object scenes (the plateau study's stage 1c)
+    python benchmarks/fd_floor.py --n 256 --n 2048                # the default 1-3 object scenes
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
+
+from maskbench.config import load_config
+from maskbench.data.dataset import resolve_dataset
+from maskbench.eval.evaluate import load_eval_set, synth_reference_stats
+from maskbench.eval.fid import reference_stats
+from maskbench.eval.oracle import load_oracle
+from maskbench.eval.sample import to_uint8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="data.* overrides of the dataset the reference is built from")
+    parser.add_argument("--n", type=int, action="append", help="fresh scenes per FD (repeatable; default 2048)")
+    parser.add_argument("--out", default="results/fd_floor.csv")
+    args = parser.parse_args()
+    counts = args.n or [2048]
+    cfg = load_config([*args.overrides, f"data.n_val={max(counts)}"])
+    reference_data = resolve_dataset(cfg.data, cfg.paths.data)
+    fresh_cfg = load_config([*args.overrides, f"data.n_val={max(counts)}", "data.n_train=1",
+                             f"data.seed={cfg.data.seed + 1}"])
+    fresh_data = resolve_dataset(fresh_cfg.data, fresh_cfg.paths.data)
+    oracle = load_oracle()
+    reference = synth_reference_stats(reference_data, oracle)
+    images = to_uint8(load_eval_set(fresh_data, max(counts)).images)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in counts:
+            fresh = reference_stats([images[:n]], oracle, Path(tmp) / f"fresh_{n}.npz")
+            floor = fresh.frechet_distance(reference)
+            rows.append({"dataset": reference_data.val_dir.parent.name, "reference_n": reference.n, "fresh_n": n,
+                         "fd_floor": round(float(floor), 2)})
+            print(f"{reference_data.val_dir.parent.name}: oracle FD of {n} fresh scenes to the {reference.n} held-out ones "
+                  f"= {floor:.1f}")
+    write_rows(Path(args.out), rows)
+
+
+if __name__ == "__main__":
+    main()
