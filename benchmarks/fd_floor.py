@@ -6,6 +6,7 @@ split of a second synth dataset drawn with another generation seed, so they shar
 
     python benchmarks/fd_floor.py data.max_objects=1 --n 2048     # one-object scenes (the plateau study's stage 1c)
     python benchmarks/fd_floor.py --n 256 --n 2048                # the default 1-3 object scenes
+    python benchmarks/fd_floor.py --smoke                         # 32 scenes of a toy dataset: the script runs
 """
 
 from __future__ import annotations
@@ -29,12 +30,21 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="data.* overrides of the dataset the reference is built from")
     parser.add_argument("--n", type=int, action="append", help="fresh scenes per FD (repeatable; default 2048)")
     parser.add_argument("--out", default="results/fd_floor.csv")
+    parser.add_argument("--smoke", action="store_true", help="a toy dataset in a temporary folder, 32 scenes")
     args = parser.parse_args()
-    counts = args.n or [2048]
-    cfg = load_config([*args.overrides, f"data.n_val={max(counts)}"])
+    if args.smoke:
+        with tempfile.TemporaryDirectory() as tmp:
+            floor([f"paths.data={tmp}", "data.n_train=64"], [32], Path(args.out))
+    else:
+        floor(args.overrides, args.n or [2048], Path(args.out))
+
+
+def floor(overrides: list[str], counts: list[int], out: Path) -> None:
+    """Write one row per count: the oracle FD of that many fresh scenes to the held-out split's statistics."""
+    cfg = load_config([*overrides, f"data.n_val={max(counts)}"])
     reference_data = resolve_dataset(cfg.data, cfg.paths.data)
-    fresh_cfg = load_config([*args.overrides, f"data.n_val={max(counts)}", "data.n_train=1",
-                             f"data.seed={cfg.data.seed + 1}"])
+    kept = [o for o in overrides if not o.startswith(("data.n_train=", "data.seed="))]
+    fresh_cfg = load_config([*kept, f"data.n_val={max(counts)}", "data.n_train=1", f"data.seed={cfg.data.seed + 1}"])
     fresh_data = resolve_dataset(fresh_cfg.data, fresh_cfg.paths.data)
     oracle = load_oracle()
     reference = synth_reference_stats(reference_data, oracle)
@@ -43,12 +53,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in counts:
             fresh = reference_stats([images[:n]], oracle, Path(tmp) / f"fresh_{n}.npz")
-            floor = fresh.frechet_distance(reference)
-            rows.append({"dataset": reference_data.val_dir.parent.name, "reference_n": reference.n, "fresh_n": n,
-                         "fd_floor": round(float(floor), 2)})
-            print(f"{reference_data.val_dir.parent.name}: oracle FD of {n} fresh scenes to the {reference.n} held-out ones "
-                  f"= {floor:.1f}")
-    write_rows(Path(args.out), rows)
+            distance = fresh.frechet_distance(reference)
+            name = reference_data.val_dir.parent.name
+            rows.append({"dataset": name, "reference_n": reference.n, "fresh_n": n, "fd_floor": round(distance, 2)})
+            print(f"{name}: oracle FD of {n} fresh scenes to the {reference.n} held-out ones = {distance:.1f}")
+    write_rows(out, rows)
 
 
 if __name__ == "__main__":

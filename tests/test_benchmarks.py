@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 # script -> the CSVs its --smoke run writes beside --out (gpu_check.sh and its report: tests/test_gpu_check.py)
 SMOKE_OUTPUTS = {
     "arm_step_time.py": ["out.csv"],
+    "fd_floor.py": ["out.csv"],
     "kernels.py": ["out.csv"],
     "loader.py": ["out.csv", "out_workers.csv"],
     "step_time.py": ["out.csv"],

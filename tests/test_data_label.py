@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from maskbench.cli import main
-from maskbench.config import load_config, run_id
+from maskbench.config import DataConfig, Phase, RunConfig, Until, config_hash, data_label, load_config, run_id
 from maskbench.eval import standins
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
@@ -60,3 +60,25 @@ def test_a_manifest_without_a_source_labels_the_data_after_its_folder(tmp_path: 
     out = capsys.readouterr().out.strip()
     assert len(out.splitlines()) == 1 and "records no source" in out and "'latent'" in out, out
     assert load_config(unnamed(tmp_path, latent_root, "data.name=brushdata")).data.name == "brushdata"
+
+
+def test_synth_rows_name_every_generation_setting_that_differs_from_the_default() -> None:
+    """One-object scenes are another distribution: their rows must not pool with the default scenes'."""
+    assert data_label(DataConfig()) == "synth"
+    assert data_label(DataConfig(n_val=2048)) == "synth"  # the held-out count is evaluation, not data
+    assert data_label(DataConfig(max_objects=1)) == "synth-o11"
+    assert data_label(DataConfig(n_train=5000, seed=1)) == "synth-n5000-s1"
+    assert data_label(DataConfig(name="brushdata", path="/x")) == "brushdata"
+
+
+def test_a_rule_arm_from_before_the_cosine_rule_keeps_its_run_id() -> None:
+    """The cosine rule's fields are hashed only when set, so the growth rule's runs still resume."""
+    def cfg(until: Until) -> RunConfig:
+        run = RunConfig()
+        run.arm.phases = [Phase(0.0, 0.3, until=until), Phase(0.0, 0.7)]
+        return run
+
+    growth = Until(skip_norm_growth_below=0.001, every=25)
+    hashed = config_hash(cfg(growth))
+    assert hashed == "b8260e125014043935267f652383292be74f6d5dc8122ee6ad3452539c689d96"  # as before the rule (06dd8fa)
+    assert config_hash(cfg(Until(skip_norm_growth_below=0.001, every=25, probe_splits=5))) != hashed

@@ -14,7 +14,16 @@ from maskbench.config.compose import (
                                       shipped_arm,
                                       with_eval_overrides,
 )
-from maskbench.config.identity import DRAW_SCHEME, config_hash, format_arm, run_id, source_label, split_source, to_dict
+from maskbench.config.identity import (
+                                      DRAW_SCHEME,
+                                      config_hash,
+                                      data_label,
+                                      format_arm,
+                                      run_id,
+                                      source_label,
+                                      split_source,
+                                      to_dict,
+)
 from maskbench.config.schema import (
                                       CONF_DIR,
                                       CONFIG_GROUPS,
@@ -42,7 +51,7 @@ from maskbench.config.validate import check_tracker, validate
 
 __all__ = [
     "arm_settings", "fill_eval_weights", "known_arms", "load_config", "load_run_config", "shipped_arm",
-    "with_eval_overrides", "DRAW_SCHEME", "config_hash", "format_arm", "run_id", "source_label", "split_source",
+    "with_eval_overrides", "DRAW_SCHEME", "config_hash", "data_label", "format_arm", "run_id", "source_label", "split_source",
     "to_dict", "CONF_DIR", "CONFIG_GROUPS", "ArmConfig", "AttentionKernel", "BudgetConfig", "DataConfig", "DemoteGate",
     "DemoteRoute", "EvalConfig", "InitWeights", "LRSchedule", "MixSource", "PathsConfig", "Phase", "Precision",
     "RunConfig", "Tracker", "Trainable", "TrainConfig", "Until", "demote_routes", "check_tracker", "validate",

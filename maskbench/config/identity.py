@@ -13,7 +13,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from maskbench.config.schema import ArmConfig, Phase, RunConfig, Trainable
+from maskbench.config.schema import ArmConfig, DataConfig, Phase, RunConfig, Trainable, Until
 from maskbench.errors import ConfigError
 
 # Fields added after the first results landed: hashed only when set, so runs that do not use them keep
@@ -28,6 +28,8 @@ HASHED_WHEN_SET = {
 }
 # The same for the fields of each phase (a list element, so not a dotted name above).
 PHASE_HASHED_WHEN_SET = {"trainable", "until", "lr", "demote"}
+# ... and of a phase's `until` (the cosine rule's fields came after the first rule arms' runs).
+UNTIL_HASHED_WHEN_SET = {"grad_cosine_below", "probe_splits", "per_flop"}
 
 # Fields that cannot change what a run learns or measures; everything else names the run.
 NOT_RESULT_FIELDS = {
@@ -41,7 +43,8 @@ NOT_RESULT_FIELDS = {
 
 
 
-def to_dict(cfg: RunConfig) -> dict:
+def to_dict(cfg: RunConfig | Phase | Until) -> dict:
+    """A config dataclass as plain data (enums as strings), as it is hashed and saved."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
 
 
@@ -76,10 +79,14 @@ def config_hash(cfg: RunConfig) -> str:
     tree, defaults = to_dict(cfg), to_dict(RunConfig())
     unset = {name for name in HASHED_WHEN_SET if _lookup(tree, name) == _lookup(defaults, name)}
     relevant = _drop_fields(tree, NOT_RESULT_FIELDS | unset)
-    phase_defaults = _phase_dict(Phase())
+    phase_defaults, until_defaults = _phase_dict(Phase()), to_dict(Until())
     relevant["arm"]["phases"] = [{k: v for k, v in phase.items()
                                   if k not in PHASE_HASHED_WHEN_SET or v != phase_defaults[k]}
                                  for phase in relevant["arm"]["phases"]]
+    for phase in relevant["arm"]["phases"]:
+        if phase.get("until"):
+            phase["until"] = {k: v for k, v in phase["until"].items()
+                              if k not in UNTIL_HASHED_WHEN_SET or v != until_defaults[k]}
     if cfg.init_from is not None:
         relevant["init_from"] = source_label(cfg.init_from)
     relevant["draws"] = DRAW_SCHEME
@@ -87,7 +94,21 @@ def config_hash(cfg: RunConfig) -> str:
 
 
 def _phase_dict(phase: Phase) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(phase), resolve=True, enum_to_str=True)
+    return to_dict(phase)
+
+
+def data_label(data: DataConfig) -> str:
+    """The rows' dataset column: the data's name, and for generated synth scenes every generation setting that
+    differs from the default (`synth-o11` for one-object scenes), so rows of different scene distributions are
+    never pooled. The held-out count is left out: it changes the evaluation's noise, not the data trained on."""
+    if data.name != "synth" or data.path is not None or data.mix:
+        return data.name
+    default = DataConfig()
+    differs = [(f"o{data.min_objects}{data.max_objects}", (data.min_objects, data.max_objects) !=
+                (default.min_objects, default.max_objects)),
+               (f"{data.image_size}px", data.image_size != default.image_size),
+               (f"n{data.n_train}", data.n_train != default.n_train), (f"s{data.seed}", data.seed != default.seed)]
+    return "-".join(["synth", *(part for part, changed in differs if changed)])
 
 
 def split_source(init_from: str) -> tuple[Path, Optional[float]]:

@@ -23,6 +23,7 @@ import maskbench
 from maskbench.config import (
     RunConfig,
     config_hash,
+    data_label,
     format_arm,
     load_run_config,
     run_id,
@@ -54,7 +55,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
                     params: int, n_devices: int, device: str, mfu: float | None = None) -> dict:
     """One leaderboard row: what was trained (from the config and counters) and what was measured."""
     return {
-        "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data.name,
+        "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data_label(cfg.data),
         "model": cfg.model.name, "params": params, "resolution": data.image_size,
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
