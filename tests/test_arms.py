@@ -276,10 +276,10 @@ def _mask0_name(*overrides: str) -> str:
 def test_new_options_left_at_their_defaults_keep_existing_run_names() -> None:
     """Runs trained before these options existed resume under the same directory name; setting one names a new run."""
     # Pinned on purpose: only a name from before a change sees the change (a new field that enters the hash,
-    # or a changed hash recipe). It last changed with the draw scheme (config.DRAW_SCHEME crn-v2: the loader
-    # interleaves 8 streams whatever its worker count): runs trained before it read their batches in another
-    # order, so they must not resume under the new code (the committed CSVs keep their old run ids).
-    assert _mask0_name() == "mask0-synth-tiny-s0-a6f8a9a5"
+    # or a changed hash recipe). It last changed with the draw scheme (config.DRAW_SCHEME crn-v3: every draw on a
+    # CPU generator): runs trained before it drew on the GPU's generators there, so they must not resume under
+    # the new code (the committed CSVs keep their old run ids).
+    assert _mask0_name() == "mask0-synth-tiny-s0-ac4d3466"
     assert set(_SET_TO) | _NEED_A_SOURCE == HASHED_WHEN_SET
     for option, (value, needs) in _SET_TO.items():
         assert _mask0_name(*needs, f"{option}={value}") != _mask0_name(*needs), option

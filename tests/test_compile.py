@@ -4,11 +4,15 @@ bounded set of graphs, and a step's loss and diagnostics leave the device only w
 
 from __future__ import annotations
 
+import functools
+import json
+
 import pytest
 import torch
 import torch._dynamo
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.testing import CompileCounter
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -18,10 +22,13 @@ from maskbench.models.dit import DiT
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import route_choice, windowed_flow_loss
 from maskbench.models.presets import ModelConfig
+from maskbench.train import loop
 from maskbench.train.diagnostics import BlockNorms
+from maskbench.train.loop import Trainer
 from tests.conftest import randomized
 from tests.test_arms import _model
 from tests.test_kernels import interpret, needs_triton, random_keep  # noqa: F401 (interpret is a fixture)
+from tests.test_rule_arm import _cfg as _rule_cfg
 
 
 @pytest.fixture(autouse=True)
@@ -161,4 +168,20 @@ def test_block_norms_reach_the_host_in_one_transfer_per_step(monkeypatch: pytest
         monkeypatch.setattr(torch.Tensor, method, lambda self, _f=original: transfers.append(self.numel()) or _f(self))
     step = norms.step()
     assert len(step["block_norm"]) == 4 and len(step["skip_norm"]) == 4
-    assert transfers == [4 + 4]  # the block means and the skip norms together
+    assert transfers == [4 + 4 + 4]  # the block means, the skip norms and the forwards counted, together
+
+
+def test_a_compiled_run_with_accumulation_and_a_probe_compiles_one_graph_per_phase(tmp_path, synth_root, monkeypatch):
+    """grad_accum=2 and a cosine rule's probe every 2 steps, compiled (Dynamo's `eager` backend, counted): one
+    graph per phase, however many micro-batches and probes run. Diagnostics that guard on Python state (a list
+    the block hooks append to) recompile for every micro-batch and after every probe, and past Dynamo's
+    recompile limit training silently runs eager."""
+    counter = CompileCounter()
+    monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend=counter))
+    cfg = _rule_cfg(tmp_path, synth_root, -1.0, "train.compile=true", "train.grad_accum=2", every=2)
+    trainer = Trainer(cfg)
+    trainer.fit()
+    steps = [json.loads(line) for line in trainer.run.metrics.read_text().splitlines()]
+    assert {s["mask_ratio"] for s in steps} == {0.75, 0.0} and sum("until" in s for s in steps) >= 2
+    assert all(s["block_norm"] for s in steps)  # the hooks recorded inside the compiled graphs
+    assert counter.frame_count == 2  # one graph for the masked phase, one for the unmasked

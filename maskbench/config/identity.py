@@ -65,9 +65,11 @@ def _lookup(tree: dict, dotted: str) -> object:
 
 
 # How a step's random draws are keyed (`maskbench.train.schedule.step_generator`) and its data read (v2: every
-# loader interleaves `LOADER_STREAMS` streams, whatever its worker count). Hashed into every run id: runs
-# trained under an older scheme drew differently, so a new run must not resume one of them.
-DRAW_SCHEME = "crn-v2"
+# loader interleaves `LOADER_STREAMS` streams, whatever its worker count; v3: every draw on a CPU generator,
+# so a GPU draws what the CPU does, on any GPU model; the numbers a CPU run draws are v2's). Hashed into every
+# run id and written in every row: runs trained under an older scheme drew differently, so a new run must not
+# resume one of them, and the leaderboard pairs rows of one scheme only.
+DRAW_SCHEME = "crn-v3"
 
 
 def config_hash(cfg: RunConfig) -> str:

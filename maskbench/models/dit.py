@@ -30,6 +30,7 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens
+from maskbench.models.masking import host_to_device
 from maskbench.models.presets import SKIP_GATE_REDUCTION, LongSkipKind, ModelConfig, SkipInit, SkipScale, check_model
 from maskbench.models.routing import run_routed
 
@@ -199,10 +200,12 @@ class SparseDenseFusion(nn.Module):
 def draw_path_drop(batch: int, cfg: ModelConfig, generator: torch.Generator,
                    device: torch.device | str | None = None) -> torch.Tensor | None:
     """B bool, the training samples whose deep path SPRINT drops (sit.py 649-652: each with chance 0.1 in its
-    config), from their own generator so no other draw of the step moves; None when the model has no path drop."""
+    config), from their own generator so no other draw of the step moves, on the generator's device (the trainer's:
+    the CPU) and then moved to `device`; None when the model has no path drop."""
     if not cfg.path_drop:
         return None
-    return torch.rand(batch, generator=generator, device=device) < cfg.path_drop                # B
+    return host_to_device(torch.rand(batch, generator=generator, device=generator.device) < cfg.path_drop,
+                          device)                                                               # B
 
 
 def idle_parameters(cfg: ModelConfig, mask_ratio: float) -> list[str]:

@@ -31,9 +31,9 @@ def random_keep_idx(batch: int, seq_len: int, mask_ratio: float, generator: torc
                     structured: bool = False) -> torch.Tensor | None:
     """B×K sorted kept-token indices, independently random per sample; None at mask ratio 0.
 
-    The random draw happens on the generator's device (CPU by default; the trainer's "mask" generator
-    is a CPU one) and is then moved to `device`, so a seeded run keeps the same masks whatever
-    accelerator trains it.
+    The random draw happens on the generator's device (CPU by default; the trainer's generators are all
+    CPU ones) and is then moved to `device`, so a seeded run keeps the same masks whatever accelerator
+    trains it.
     structured=True (SPRINT) keeps one random token in every 2×2 group of the (h, w) token grid,
     which spreads kept tokens evenly; it exists only for mask ratio 0.75.
     """
@@ -46,7 +46,7 @@ def random_keep_idx(batch: int, seq_len: int, mask_ratio: float, generator: torc
     else:
         noise = torch.rand(batch, seq_len, generator=generator, device=rng_device)     # B×L
         keep = noise.argsort(dim=1)[:, :keep_count(seq_len, mask_ratio)]               # B×K
-    return _to_device(keep.sort(dim=1).values, device)                                 # B×K ascending
+    return host_to_device(keep.sort(dim=1).values, device)                                 # B×K ascending
 
 
 def drop_idx(keep_idx: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -59,12 +59,12 @@ def drop_idx(keep_idx: torch.Tensor, seq_len: int) -> torch.Tensor:
     return dropped.byte().argsort(dim=1, descending=True, stable=True)[:, :seq_len - K]     # B×(L−K)
 
 
-def _to_device(keep: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
-    """keep (drawn on CPU) on `device`; to a GPU from pinned memory with non_blocking=True, a copy
+def host_to_device(x: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """x (drawn on CPU) on `device`; to a GPU from pinned memory with non_blocking=True, a copy
     "asynchronous with respect to the host" (`Tensor.cuda`'s docs), so the step does not wait for it."""
-    if device is None or keep.device.type != "cpu" or torch.device(device).type != "cuda":
-        return keep.to(device)
-    return keep.pin_memory().to(device, non_blocking=True)
+    if device is None or x.device.type != "cpu" or torch.device(device).type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def _structured_keep_idx(batch: int, seq_len: int, mask_ratio: float, grid: tuple[int, int] | None,

@@ -16,7 +16,7 @@ from maskbench.config import DemoteRoute
 from maskbench.data.demote import demoted_size, ratio_key, resize
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
-from maskbench.models.masking import drop_idx
+from maskbench.models.masking import drop_idx, host_to_device
 
 
 def sample_t(batch: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -61,8 +61,9 @@ def demote(x0: torch.Tensor, noise: torch.Tensor, ratio: float, patch: int, gene
         low, noise_low = downscale(x0, noise, factor)                                 # n×C×s×s each
     else:
         low = resize(x0, size) if demoted_x0 is None else None                        # n×C×s×s
-        noise_low = torch.randn((*x0.shape[:2], size, size), generator=generator,
-                                device=noise.device if generator is None else generator.device).to(noise.device)
+        noise_low = host_to_device(torch.randn((*x0.shape[:2], size, size), generator=generator,
+                                               device=noise.device if generator is None else generator.device),
+                                   noise.device)
     return (low if demoted_x0 is None else demoted_x0.to(x0)), noise_low
 
 

@@ -33,6 +33,7 @@ _WRITTEN: tuple[str, ...] = (
     "config_hash", "created_at", "source", "fid_ref", "fd_dinov2", "fd_dinov2_features",
     "flops_per_s", "init_from", "switch_step", "branch_flops", "data_wait_s", "compile_s", "eval_s",
     "checkpoint_s", "resume_s", "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se",
+    "precision", "draw_scheme",
 )
 METRIC_COLUMNS = tuple(column for m in METRICS for column in (m.name, m.se_column))
 COLUMNS = _WRITTEN + tuple(column for column in METRIC_COLUMNS if column not in _WRITTEN)
@@ -40,7 +41,8 @@ COLUMNS = _WRITTEN + tuple(column for column in METRIC_COLUMNS if column not in 
 # appending to it first rewrites its header (and pads its rows), under the same lock.
 ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s", "init_from", "switch_step",
                  "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s",
-                 "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se", *COLUMNS[len(_WRITTEN):])
+                 "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se", "precision", "draw_scheme",
+                 *COLUMNS[len(_WRITTEN):])
 INT_COLUMNS = frozenset({
     "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
     "sampler_steps", "switch_step",

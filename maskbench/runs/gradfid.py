@@ -173,7 +173,7 @@ def route_grads(model: DiT, batch: dict, routes: tuple[Route, ...], t_bin: tuple
             keep_idx = random_keep_idx(b, model.seq_len, route.mask_ratio, generator=generator, device=device,
                                        grid=model.grid, structured=route.structured)  # B×K
             grads.append(flat_grad(model, loss(x0, noise, keep_idx=keep_idx)))
-    return torch.stack(grads)                                                      # (1+R)×P
+    return torch.stack(grads).cpu()                                                # (1+R)×P, on the host
 
 
 def with_roundtrip(batches: list[dict], data: DatasetInfo, vae: str | None, device: torch.device) -> list[dict]:

@@ -21,6 +21,7 @@ from torch import nn
 
 import maskbench
 from maskbench.config import (
+    DRAW_SCHEME,
     RunConfig,
     config_hash,
     data_label,
@@ -42,7 +43,7 @@ from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.presets import ModelConfig
 from maskbench.results.leaderboard import METRIC_COLUMNS, append_rows, as_read
-from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha
+from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha, precision_name
 from maskbench.train.loop import Start, Trainer, plan_run
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.schedule import Schedule
@@ -52,14 +53,19 @@ from maskbench.weights import ENV, REGISTRY
 
 
 def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point: float, result: dict,
-                    params: int, n_devices: int, device: str, mfu: float | None = None) -> dict:
-    """One leaderboard row: what was trained (from the config and counters) and what was measured."""
+                    params: int, n_devices: int, device: str, mfu: float | None = None,
+                    precision: str | None = None, draw_scheme: str | None = DRAW_SCHEME) -> dict:
+    """One leaderboard row: what was trained (from the config and counters) and what was measured.
+
+    `device` (the GPU model, or the CPU), `precision` and `draw_scheme` say which rows may be paired: the same
+    draws give other numbers in another precision or on another kernel library's arithmetic."""
     return {
         "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data_label(cfg.data),
         "model": cfg.model.name, "params": params, "resolution": data.image_size,
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
-        "gpu_hours": n_devices * state.train_seconds / 3600, "device": device,
+        "gpu_hours": n_devices * state.train_seconds / 3600, "device": device, "precision": precision,
+        "draw_scheme": draw_scheme,
         "n_devices": n_devices, "mfu": mfu,
         "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
         **{column: result.get(column) for column in METRIC_COLUMNS},  # every metric and its sampling error
@@ -129,7 +135,7 @@ class PointRecorder:
             print("warning: MFU above 100% means the peak is too low; on a quiet machine run "
                   "`maskbench bench peak --remeasure`", file=sys.stderr)
         row = leaderboard_row(trainer.cfg, trainer.data, state, point, result, trainer.params, acc.num_processes,
-                              device_name(acc.device), utilisation)
+                              device_name(acc.device), utilisation, precision_name(acc.mixed_precision))
         record_point(trainer.run, row, result, trainer.cfg.paths.leaderboard)
         if trainer.cfg.train.log_with != "none":
             log_eval(acc, result, state.step)

@@ -53,7 +53,8 @@ def evaluate_run(run_dir: str | Path, points: list[float] | None = None, overrid
         result = evaluator.evaluate(model, run.point_samples(point), point=point)
         trained = [r for r in run.eval_records() if r["point"] == point]  # MFU is a training figure: keep it
         row = leaderboard_row(cfg, data, state, point, result, params, env["n_devices"], env["device"],
-                              trained[-1].get("mfu") if trained else None)
+                              trained[-1].get("mfu") if trained else None, env.get("precision"),
+                              env.get("draw_scheme"))
         record_point(run, row, result, cfg.paths.leaderboard)
         rows.append(row)
     return rows

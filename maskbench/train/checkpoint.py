@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import maskbench
+from maskbench.config import DRAW_SCHEME
 from maskbench.files import DIGESTS, sha256_file, sha256_json, write_atomic, write_folder_digests
 
 # The files of an accelerate `save_state` folder that maskbench reads back. Custom objects are numbered
@@ -96,6 +97,11 @@ def device_name(device: torch.device) -> str:
     return f"cpu:{platform.processor() or platform.machine()}"
 
 
+def precision_name(mixed_precision: str) -> str:
+    """The arithmetic a run trained in, as rows name it: accelerate's "no" is fp32."""
+    return "fp32" if mixed_precision == "no" else str(mixed_precision)
+
+
 def environment(accelerator: Accelerator) -> dict:
     """What a run ran on, for `maskbench repro`: versions, device, and the peak its MFU is measured against."""
     from maskbench.train.mfu import device_peak, matmul_precision
@@ -114,6 +120,8 @@ def environment(accelerator: Accelerator) -> dict:
         "python": sys.version.split()[0],
         "packages": versions,
         "device": device_name(accelerator.device),
+        "precision": precision_name(accelerator.mixed_precision),
+        "draw_scheme": DRAW_SCHEME,
         "n_devices": accelerator.num_processes,
         "cpu_threads": torch.get_num_threads(),
         "platform": platform.platform(),

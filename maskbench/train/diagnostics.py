@@ -11,7 +11,9 @@ the norms of its own micro-batches: a diagnostic needs no extra collective per s
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -47,33 +49,52 @@ class BlockNorms:
     """Collects the mean token norm of every block's output during training forwards.
 
     Hooks are registered on the model that trains (not on the EMA copy, which evaluates), and record
-    only in training mode with grad enabled, so validation and sampling never touch them.
+    only in training mode with grad enabled, so validation and sampling never touch them, and not while
+    `paused` (a rule's gradient probe runs extra forwards inside a step: they are not the step's).
+    They add into preallocated device tensors in place: a hook that appended to a Python list would make
+    torch.compile guard on the list's length and compile a graph per micro-batch, then fall back to eager.
     """
 
     def __init__(self, model: DiT) -> None:
         self.model = model
-        self._pending: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self.names = [name for name, _ in named_blocks(model)]
+        device = next(model.parameters()).device
+        self._sums = torch.zeros(len(self.names), device=device)     # Σ over this step's forwards, per block
+        self._counts = torch.zeros(len(self.names), device=device)   # forwards recorded, per block
         self._previous: dict[str, float] = {}
         self._norm_sums: dict[str, float] = defaultdict(float)
         self._osc_sums: dict[str, float] = defaultdict(float)
         self._osc_counts: dict[str, int] = defaultdict(int)
         self._steps = 0
-        for name, block in named_blocks(model):
-            block.register_forward_hook(self._hook(name))
+        self._paused = False
+        for index, (_, block) in enumerate(named_blocks(model)):
+            block.register_forward_hook(self._hook(index))
 
-    def _hook(self, name: str):
+    def _hook(self, index: int):
         def record(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            if module.training and torch.is_grad_enabled():
-                self._pending[name].append(output.detach().float().norm(dim=-1).mean())  # mean over B×N tokens
+            if module.training and torch.is_grad_enabled() and not self._paused:
+                self._sums[index] += output.detach().float().norm(dim=-1).mean()   # mean over B×N tokens
+                self._counts[index] += 1
         return record
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Forwards inside this block are not recorded (a probe's, between a step's draws and its update)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
 
     def step(self) -> dict:
         """This step's block norms (mean over its micro-batches), their oscillation, and the skip norms."""
-        means = {name: torch.stack(values).mean() for name, values in self._pending.items()}
+        recorded = {f"count.{name}": count for name, count in zip(self.names, self._counts)}
+        means = {name: total / count.clamp(min=1) for name, total, count in zip(self.names, self._sums, self._counts)}
         skips = _skip_norms(self.model) if self.model.long_skips else {}
-        host = to_host({**means, **skips})                                  # block and skip names differ
-        norms = {name: host[name] for name in means}
-        self._pending.clear()
+        host = to_host({**means, **skips, **recorded})                      # block, skip and count names differ
+        norms = {name: host[name] for name in means if host[f"count.{name}"]}
+        self._sums.zero_()
+        self._counts.zero_()
         oscillation = {name: abs(value - self._previous[name]) / max(self._previous[name], 1e-12)
                        for name, value in norms.items() if name in self._previous}
         self._previous = norms

@@ -51,7 +51,7 @@ from maskbench.errors import ConfigError
 from maskbench.files import write_atomic
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
-from maskbench.models.masking import random_keep_idx
+from maskbench.models.masking import host_to_device, random_keep_idx
 from maskbench.models.objective import flow_loss, sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
 from maskbench.models.routing import draw_route
@@ -69,6 +69,7 @@ from maskbench.train.schedule import (
     step_generator,
 )
 from maskbench.train.switch import cosine_from_products, cross_products, crossed, skip_weight_norm, watches_val_loss
+from maskbench.train.timing import StepTimer
 from maskbench.train.tracking import flat_scalars, log_step
 
 
@@ -185,7 +186,6 @@ class Trainer:
         self.stop_signal: int | None = None
         self.branch: Horizon | None = None  # the cooled horizon being trained, if any (`_branch`)
         self.last_checkpoint = time.monotonic()  # when the trunk last saved (periodic checkpoints)
-        self.compiled: set[tuple] = set()   # (mask ratio, trainable) graphs this process has compiled
 
     @property
     def active(self) -> Schedule:
@@ -232,6 +232,7 @@ class Trainer:
             sizes = 1 + len({route.ratio for route in self.routes})
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * sizes)
         self.state = TrainState()
+        self.timer = StepTimer(acc.device)
         self.trainable = Trainable.all  # what the model trains now (a phase may freeze all but the skips)
         acc.register_for_checkpointing(self.ema, self.state)  # this order names their files (checkpoint.EMA_FILE)
         if acc.is_main_process:
@@ -290,6 +291,7 @@ class Trainer:
 
     def _checkpoint(self, name: str, loaders: list[ShardLoader]) -> None:
         """Save the run here (with its loaders' positions); the time goes to its own counter."""
+        self._count_time(wait=True)
         tick = time.perf_counter()
         self._save_positions(loaders)
         save_checkpoint(self.accelerator, self.run, name, self.state.step, self.cfg.train.keep_checkpoints)
@@ -300,25 +302,28 @@ class Trainer:
         """One stream's micro-batch on the device with every draw of its step.
 
         Each purpose draws from its own generator keyed by (seed, stream, step, purpose), so every arm
-        with this seed draws the same t, caption dropout and noise here; the mask is its own draw."""
+        with this seed draws the same t, caption dropout and noise here; the mask is its own draw. Every
+        draw is made on the CPU and copied to the device from pinned memory: CUDA's generators give
+        different numbers on GPUs of different multiprocessor counts once a tensor is large, the CPU's
+        give the same numbers everywhere, so arms pair on any device (`config.DRAW_SCHEME`)."""
         cfg, acc, unwrapped = self.cfg, self.accelerator, self.net
 
-        def generator(purpose: str, device: torch.device = acc.device) -> torch.Generator:
-            return step_generator(cfg.seed, stream, step, purpose, device)
+        def generator(purpose: str) -> torch.Generator:
+            return step_generator(cfg.seed, stream, step, purpose)
 
-        device, host = acc.device, torch.device("cpu")
+        device = acc.device
         x0 = batch["image"].to(device, non_blocking=True)                              # b×C×H×W
         b = x0.shape[0]
-        # t on the host: the plan counts each step's demoted samples from this same draw (`downscaled_count`),
-        # and the loss splits a demotion step by it without waiting on the device.
-        t = sample_t(b, generator("t", host), host)                                      # b
-        drop = (torch.rand(b, generator=generator("dropout", host)) < cfg.train.caption_dropout).to(device)  # b
+        # t stays on the host: the plan counts each step's demoted samples from this same draw
+        # (`downscaled_count`), and the loss splits a demotion step by it without waiting on the device.
+        t = sample_t(b, generator("t"), torch.device("cpu"))                            # b
+        drop = host_to_device(torch.rand(b, generator=generator("dropout")) < cfg.train.caption_dropout, device)  # b
         mask = generator("mask")  # the mask, then TREAD's route: an arm without a route draws as before
         keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=mask,
                                    device=device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
         span_idx = draw_route(cfg.model, b, unwrapped.seq_len, keep_idx, mask, device)  # b×R, None unrouted
         drop_path = draw_path_drop(b, cfg.model, generator("path_drop"), device)        # b, None without SPRINT's
-        noise = torch.randn(x0.shape, generator=generator("noise"), device=device)     # b×C×H×W
+        noise = host_to_device(torch.randn(x0.shape, generator=generator("noise")), device)  # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, device)
         return StepDraws(x0, t, drop, keep_idx, span_idx, drop_path, noise, context, context_mask,
                          generator("demote"))
@@ -347,7 +352,7 @@ class Trainer:
         parts with the step's own t, noise, dropout and mask (the plan charges one full and one masked pass
         of the batch). Pairs are formed within a rank and their sums added over ranks."""
         acc, net, splits = self.accelerator, self.net, phase.until.probe_splits
-        products = torch.zeros(3, dtype=torch.float64)
+        products = torch.zeros(3, dtype=torch.float64, device=acc.device)
         for stream, batch in zip(self.streams, batches):
             d = self.step_draws(batch, phase, stream, step)
 
@@ -359,8 +364,9 @@ class Trainer:
                     return loss(), loss(keep_idx=d.keep_idx[idx])
 
             parts = torch.arange(d.x0.shape[0], device=acc.device).tensor_split(splits)
-            products += cross_products([functools.partial(part_losses, idx) for idx in parts], net)
-        return cosine_from_products(acc.reduce(products.to(acc.device), "sum").cpu())
+            with self.block_norms.paused():  # the probe's forwards are not the step's
+                products += cross_products([functools.partial(part_losses, idx) for idx in parts], net)
+        return cosine_from_products(acc.reduce(products, "sum").cpu())
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Backward over this rank's micro-batches; returns their losses and draw digests.
@@ -371,7 +377,9 @@ class Trainer:
         acc, losses, digests = self.accelerator, [], []
         for stream, batch in zip(self.streams, batches):
             # The kernel choice spans backward too: activation checkpointing recomputes attention there.
-            with acc.accumulate(self.model), attention_kernels(self.cfg.train.attention):
+            # REPA's projector is a second DDP module: inside `accumulate` too, or it all-reduces every micro-batch.
+            trained = (self.model,) if self.repa is None else (self.model, self.repa)
+            with acc.accumulate(*trained), attention_kernels(self.cfg.train.attention):
                 loss, digest = self.stream_loss(batch, phase, stream, step)
                 acc.backward(loss)
             losses.append(loss.detach())
@@ -471,6 +479,7 @@ class Trainer:
                     bar.close()
                     return self._stop(out["stop"], loaders)
         bar.close()
+        self._count_time(wait=True)
         if acc.is_main_process:
             write_atomic(self.run.done, json.dumps({"step": state.step, "flops": state.flops,
                                                     "branches_flops": state.branches_flops,
@@ -480,25 +489,18 @@ class Trainer:
     def _step(self, phase: PhasePlan, flops: int, batch_iters: list, loaders: list[ShardLoader], log) -> dict:
         """One training step of the schedule in force: its counters and its line in `log`.
 
-        The step's seconds (device synchronised) exclude the wait for its batches, which has its own
-        counter; the first step of a graph `torch.compile` has not built yet counts as compilation."""
+        The step's seconds (`StepTimer`: device time, read without a per-step synchronize) exclude the wait
+        for its batches and what Dynamo spent compiling, which have their own counters."""
         acc, state = self.accelerator, self.state
         self._enter(phase)
         batches, wait = self.read_batches(batch_iters)
-        tick = time.perf_counter()
+        self.timer.start()
         # A cosine rule's probe is part of the step it checks (the plan charges it there), on its weights before the update.
         probed = (self.probe_cosine(batches, phase, state.step)
                   if rule_checks(phase.until, state.step - phase.start + 1) else None)
         out = self.train_step(batches, wait, phase, state.step)
-        if acc.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - tick
-        graph = (phase.mask_ratio, phase.trainable)
-        if self.cfg.train.compile and graph not in self.compiled:
-            self.compiled.add(graph)
-            state.compile_seconds += seconds
-        else:
-            state.train_seconds += seconds
+        self.timer.stop()
+        self._count_time()
         state.skipped_nonfinite += not out["finite"]
         state.skipped_grad_norm += out["finite"] and not out["stepped"]
         state.step += 1
@@ -522,6 +524,12 @@ class Trainer:
             if self.cfg.train.log_with != "none" and self.branch is None:
                 log_step(acc, record, state.step)
         return out
+
+    def _count_time(self, wait: bool = False) -> None:
+        """Add the step time measured so far to the counters; `wait`: all of it (before a row or a checkpoint)."""
+        timing = self.timer.read(wait)
+        self.state.train_seconds += timing.train
+        self.state.compile_seconds += timing.compile
 
     def _branch(self, horizon: Horizon, loaders: list[ShardLoader]) -> bool:
         """Train a cooled horizon from the trunk's current step to its end, evaluate it, then put the trunk
@@ -552,6 +560,7 @@ class Trainer:
 
     def _snapshot(self) -> dict:
         """Everything a branch changes, copied (the trunk resumes from it bit for bit)."""
+        self._count_time(wait=True)  # the trunk's last steps are the trunk's
         return {"model": copy.deepcopy(self.net.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                 "scheduler": copy.deepcopy(self.scheduler.state_dict()), "ema": copy.deepcopy(self.ema.state_dict()),
                 "state": copy.deepcopy(self.state.state_dict()), "positions": dict(self.state.loader_state),
@@ -625,6 +634,7 @@ class Trainer:
     def _reach_point(self, point: float, save: bool = True) -> None:
         """Checkpoint an eval point, then hand it to `on_point` (evaluation lives above training); each
         has its own time counter, which the point's row reports."""
+        self._count_time(wait=True)
         if save:
             tick = time.perf_counter()
             save_checkpoint(self.accelerator, self.run, RunDir.point_name(point), self.state.step,

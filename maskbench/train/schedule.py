@@ -33,16 +33,15 @@ from maskbench.train.repa import repa_sample_flops
 DRAWS = ("t", "dropout", "noise", "mask", "demote", "path_drop")  # append only: an index keys each stream
 
 
-def step_generator(seed: int, stream: int, step: int, purpose: str,
-                   device: torch.device | str = "cpu") -> torch.Generator:
-    """The generator of one purpose's draws at one step of one data stream, keyed by all four.
+def step_generator(seed: int, stream: int, step: int, purpose: str) -> torch.Generator:
+    """The CPU generator of one purpose's draws at one step of one data stream, keyed by all four.
 
-    numpy's SeedSequence hashes the key, so neighbouring steps and purposes get unrelated streams; the
-    generator lives on `device` (noise is drawn where it is used: a CUDA generator on a GPU, so the
-    pairing holds on every device, though CPU and GPU draw different numbers).
+    numpy's SeedSequence hashes the key, so neighbouring steps and purposes get unrelated streams. It is a
+    CPU generator on every device: the CPU's numbers do not depend on the machine, where CUDA's depend on
+    the GPU model for large tensors, so a run draws the same numbers on a laptop, an A100 or an H200.
     """
     key = np.random.SeedSequence([seed, stream, step, DRAWS.index(purpose)]).generate_state(1, np.uint64)[0]
-    return torch.Generator(device=device).manual_seed(int(key) >> 1)  # 63 bits: manual_seed's positive range
+    return torch.Generator().manual_seed(int(key) >> 1)  # 63 bits: manual_seed's positive range
 
 
 @dataclass(frozen=True)

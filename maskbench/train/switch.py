@@ -30,11 +30,12 @@ def skip_weight_norm(model: DiT) -> float:
 
 
 def flat_grad(model: DiT, loss: torch.Tensor) -> torch.Tensor:
-    """Every trainable parameter's gradient as one fp32 CPU vector (zeros for parameters a route skips).
-    `autograd.grad` leaves `.grad` alone, so a probe between a step's backward and its update is harmless."""
+    """Every trainable parameter's gradient as one fp32 vector on the model's device (zeros for parameters a
+    route skips). `autograd.grad` leaves `.grad` alone, so a probe between a step's backward and its update
+    is harmless."""
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
-    return torch.cat([g.reshape(-1) for g in grads]).float().cpu()               # P
+    return torch.cat([g.reshape(-1) for g in grads]).float()                      # P
 
 
 def cross_products(losses: Sequence[Callable[[], tuple[torch.Tensor, torch.Tensor]]], model: DiT) -> torch.Tensor:
@@ -43,12 +44,18 @@ def cross_products(losses: Sequence[Callable[[], tuple[torch.Tensor, torch.Tenso
     losses[i]() is part i's (full-token loss, masked loss) on the same samples, noise and t; with a_i, b_i
     their gradients, returns fp64 [Σ_{i≠j} a_i·a_j, Σ_{i≠j} b_i·b_j, Σ_{i≠j} a_i·b_j]. Products of distinct,
     independent parts are unbiased for the expected gradients' products, so sums from several ranks add.
+    One pass on the device: Σ_{i≠j} x_i·y_j = (Σ_i x_i)·(Σ_j y_j) − Σ_i x_i·y_i, so only the two running sums
+    and one part's pair of gradients are held (3 vectors of P, not 2n, and none on the host).
     """
-    grads = torch.stack([torch.stack([flat_grad(model, loss) for loss in pair()]) for pair in losses]).double()
-    a, b = grads[:, 0], grads[:, 1]                                                # n×P each
-    def off(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return x.sum(0) @ y.sum(0) - (x * y).sum()                                # Σ_i Σ_j − Σ_{i=j}
-    return torch.stack([off(a, a), off(b, b), off(a, b)])                          # 3
+    sum_a = sum_b = None
+    same = torch.zeros(3, dtype=torch.float64)                                     # Σ_i a_i·a_i, b_i·b_i, a_i·b_i
+    for pair in losses:
+        full, masked = pair()
+        a, b = flat_grad(model, full).double(), flat_grad(model, masked).double()  # P each
+        same = same.to(a.device) + torch.stack([a @ a, b @ b, a @ b])
+        sum_a = a if sum_a is None else sum_a + a
+        sum_b = b if sum_b is None else sum_b + b
+    return torch.stack([sum_a @ sum_a, sum_b @ sum_b, sum_a @ sum_b]) - same        # 3
 
 
 def cosine_from_products(products: torch.Tensor) -> float:
