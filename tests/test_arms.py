@@ -15,6 +15,7 @@ from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.models import objective
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import downscale, flow_loss, in_window, interpolate, mae_target, windowed_flow_loss
 from maskbench.models.presets import ModelConfig
@@ -46,7 +47,7 @@ def _sample_mse(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tens
                 mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
     """B: each sample's unmasked velocity MSE, written out: x_t on the straight path, target v = noise - x0."""
     x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
-    pred = model(x_t, t, ids, mask, None, drop)                                    # B×L×P
+    pred = model(x_t, t, ids, mask, drop)                                          # B×L×P
     return ((pred - model.patchify(noise - x0)) ** 2).mean(dim=(1, 2))             # B
 
 
@@ -56,14 +57,15 @@ def test_decoder_predicts_every_token_and_the_mae_term_reads_only_dropped_ones()
     x0, noise, t, ids, mask = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
     x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
-    pred = model(x_t, t, ids, mask, keep)
+    pred = model(x_t, t, ids, mask, inputs=StepInputs(keep))
     assert pred.shape == (B, model.seq_len, 4 * 4 * 3)
     kept = torch.zeros(B, model.seq_len, dtype=torch.bool)
     kept[torch.arange(B)[:, None], keep] = True
     velocity = ((pred - model.patchify(noise - x0))[kept] ** 2).mean()   # v = noise - x0 on kept tokens only
     mae = ((pred - mae_target(model.patchify(x_t)))[~kept] ** 2).mean()  # normalised x_t on dropped ones only
-    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, keep), velocity)
-    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, keep, mae_weight=0.1), velocity + 0.1 * mae)
+    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, inputs=StepInputs(keep)), velocity)
+    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, inputs=StepInputs(keep), mae_weight=0.1),
+                               velocity + 0.1 * mae)
 
 
 def test_maskdit_refills_dropped_slots_and_adds_positions_to_every_decoder_token() -> None:
@@ -76,7 +78,7 @@ def test_maskdit_refills_dropped_slots_and_adds_positions_to_every_decoder_token
     model.decoder[0].register_forward_pre_hook(lambda module, args: seen.update(decoder_in=args[0]))
     x0, noise, t, ids, mask = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
-    model(interpolate(x0, noise, t), t, ids, mask, keep)
+    model(interpolate(x0, noise, t), t, ids, mask, inputs=StepInputs(keep))
     expected = model.mask_token.expand(B, model.seq_len, -1).clone()
     for b in range(B):
         expected[b, keep[b]] = seen["deep"][b]
@@ -98,7 +100,7 @@ def test_mae_weight_needs_a_decoder() -> None:
     model = _model(depth=2)
     x0, noise, t, ids, mask = _inputs(model)
     with pytest.raises(ValueError, match="decoder_depth"):
-        flow_loss(model, x0, noise, t, ids, mask, random_keep_idx(B, model.seq_len, 0.5), mae_weight=0.1)
+        flow_loss(model, x0, noise, t, ids, mask, inputs=StepInputs(random_keep_idx(B, model.seq_len, 0.5)), mae_weight=0.1)
 
 
 # ------------------------------------------------------------------------------------------------- SPRINT
@@ -147,9 +149,10 @@ def test_windowed_loss_is_the_sample_mean_of_the_downscaled_and_full_parts() -> 
     full = _sample_mse(model, x0, noise, t, ids, mask, drop)                       # B, 16×16 pixels
     low = _sample_mse(model, *downscale(x0, noise, 2), t, ids, mask, drop)         # B, 8×8 pixels
     route = [DemoteRoute(0.5, [0.6, 1.0])]
-    torch.testing.assert_close(windowed_flow_loss(model, x0, noise, t, ids, mask, None, drop, route),
+    routed = StepInputs(demotion=Demotion(route))
+    torch.testing.assert_close(windowed_flow_loss(model, x0, noise, t, ids, mask, drop, routed),
                                torch.stack([full[0], low[1], low[2]]).mean())
-    torch.testing.assert_close(windowed_flow_loss(model, x0, noise, t, ids, mask, None, drop, []), full.mean())
+    torch.testing.assert_close(windowed_flow_loss(model, x0, noise, t, ids, mask, drop), full.mean())
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])

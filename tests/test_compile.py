@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from maskbench.config import DemoteRoute
 from maskbench.models import kernels
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import route_choice, windowed_flow_loss
 from maskbench.models.presets import ModelConfig
@@ -78,7 +79,7 @@ def test_masked_dit_forward_and_backward_compile_to_one_graph_each_through_the_k
         model = randomized(DiT(ModelConfig(width=16, depth=1, heads=2, patch_size=2, decoder_depth=1, kernels=impl),
                                8, 3, context_dim=8), std=0.1)
         run = model if compile_with is None else torch.compile(model, fullgraph=True, backend=compile_with.aot())
-        loss = run(x, t, context, context_mask, keep).square().mean()                        # B×L×12 -> ()
+        loss = run(x, t, context, context_mask, inputs=StepInputs(keep)).square().mean()                        # B×L×12 -> ()
         loss.backward()
         return [loss.detach(), model.x_embedder.proj.weight.grad, model.mask_token.grad]
 
@@ -129,8 +130,8 @@ def test_demotion_compiles_a_bounded_set_of_graphs_however_many_steps() -> None:
             t = torch.rand(B, generator=gen)
             choice = route_choice(t, routes, "sample")                                      # B
             parts |= {(route, int((choice == route).sum())) for route in (-1, 0)} - {(-1, 0), (0, 0)}
-            windowed_flow_loss(model, x0, noise, t, ids, mask, None, torch.zeros(B, dtype=torch.bool), routes,
-                               forward=forward, generator=gen).backward()
+            windowed_flow_loss(model, x0, noise, t, ids, mask, torch.zeros(B, dtype=torch.bool),
+                               StepInputs(demotion=Demotion(routes, generator=gen)), forward=forward).backward()
     assert len(parts) > 2 * 2  # the steps did need more than the bound: one static graph per (resolution, size)
     assert len(graphs.dynamo) <= 2 * 2
 
@@ -147,13 +148,13 @@ def test_a_masked_step_loss_traces_to_one_graph_of_shapes_known_from_its_inputs(
     keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
     drop = torch.zeros(B, dtype=torch.bool)
     graphs = Graphs()
-    loss = torch.compile(lambda: windowed_flow_loss(model, x0, noise, t, ids, mask, keep, drop, mae_weight=0.5),
+    loss = torch.compile(lambda: windowed_flow_loss(model, x0, noise, t, ids, mask, drop, StepInputs(keep), mae_weight=0.5),
                          fullgraph=True, backend=graphs.eager)()
     assert len(graphs.dynamo) == 1
     unbacked = [node for node in graphs.dynamo[0].graph.nodes
                 if free_unbacked_symbols(node.meta.get("example_value"))]
     assert unbacked == []
-    torch.testing.assert_close(loss, windowed_flow_loss(model, x0, noise, t, ids, mask, keep, drop, mae_weight=0.5))
+    torch.testing.assert_close(loss, windowed_flow_loss(model, x0, noise, t, ids, mask, drop, StepInputs(keep), mae_weight=0.5))
 
 
 def test_block_norms_reach_the_host_in_one_transfer_per_step(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ from maskbench.data.demote import demoted_size
 from maskbench.errors import ConfigError
 from maskbench.models import objective
 from maskbench.models.build import build_model
+from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.objective import demote, route_choice, windowed_flow_loss
 from maskbench.train.loop import Trainer
 from maskbench.train.schedule import batch_step_flops, downscaled_count, make_schedule, step_generator
@@ -76,7 +77,7 @@ def test_route_table_loss_is_the_sample_mean_of_every_route_and_the_native_part(
     low50 = _sample_mse(model, F.avg_pool2d(x0[2:], 2), 2 * F.avg_pool2d(noise[2:], 2), t[2:], ids[2:], mask[2:],
                         drop[2:])
     full = _sample_mse(model, x0[:1], noise[:1], t[:1], ids[:1], mask[:1], drop[:1])
-    got = windowed_flow_loss(model, x0, noise, t, ids, mask, None, drop, routes, "sample", generator=gen)
+    got = windowed_flow_loss(model, x0, noise, t, ids, mask, drop, StepInputs(demotion=Demotion(routes, "sample", gen)))
     torch.testing.assert_close(got, torch.cat([full, low75, low50]).mean())
 
 
@@ -89,8 +90,8 @@ def test_a_routed_step_reads_the_device_once_for_its_part_sizes(monkeypatch) -> 
     for method in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
         original = getattr(torch.Tensor, method)
         monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _f=original, _m=method: reads.append(_m) or _f(self, *a))
-    windowed_flow_loss(model, x0, noise, torch.tensor([0.2, 0.7, 0.9]), ids, mask, None,
-                       torch.zeros(3, dtype=torch.bool), routes, "sample", generator=torch.Generator().manual_seed(3))
+    windowed_flow_loss(model, x0, noise, torch.tensor([0.2, 0.7, 0.9]), ids, mask, torch.zeros(3, dtype=torch.bool),
+                       StepInputs(demotion=Demotion(routes, "sample", torch.Generator().manual_seed(3))))
     assert reads == ["tolist"]
 
 
@@ -127,8 +128,8 @@ def test_planned_step_flops_equal_the_flop_counter_on_the_demoted_batches(tmp_pa
         seen |= {i for i, n in enumerate(counts) if n}
         x0, noise = torch.randn(4, 3, 32, 32), torch.randn(4, 3, 32, 32)
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-            windowed_flow_loss(model, x0, noise, t, ids, mask, None, torch.zeros(4, dtype=torch.bool), routes,
-                               gate, generator=gen).backward()
+            windowed_flow_loss(model, x0, noise, t, ids, mask, torch.zeros(4, dtype=torch.bool),
+                               StepInputs(demotion=Demotion(routes, gate, gen))).backward()
         assert batch_step_flops(cfg, data, 0.0, counts) == pytest.approx(counter.get_total_flops(), rel=0.02)
     if gate == "sample":
         assert seen == {0, 1}                                                 # both routes ran within 6 steps

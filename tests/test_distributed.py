@@ -24,6 +24,7 @@ from maskbench.data.loader import make_loader
 from maskbench.eval.evaluate import load_samples
 from maskbench.models.build import build_model
 from maskbench.models.dit import idle_parameters
+from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
 from maskbench.results.leaderboard import read_rows
@@ -161,8 +162,10 @@ def test_idle_parameters_are_exactly_those_a_phase_gives_no_gradient(tmp_path, s
         model.zero_grad(set_to_none=True)
         keep_idx = random_keep_idx(4, model.seq_len, phase.mask_ratio, generator=gen, grid=model.grid,
                                    structured=cfg.model.structured_mask)
-        windowed_flow_loss(model, x0, noise, t, ids, mask, keep_idx, drop, demote_routes(cfg.train),
-                           cfg.train.demote_gate, cfg.train.mae_weight, generator=gen).backward()
+        routes = demote_routes(cfg.train)
+        demotion = Demotion(routes, cfg.train.demote_gate, gen) if routes else None
+        windowed_flow_loss(model, x0, noise, t, ids, mask, drop, StepInputs(keep_idx, demotion=demotion),
+                           cfg.train.mae_weight).backward()
         no_grad = {name for name, p in model.named_parameters() if p.requires_grad and p.grad is None}
         assert no_grad == set(idle_parameters(cfg.model, phase.mask_ratio)), (arm, phase.mask_ratio)
 

@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.config import Phase
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.presets import PRESETS, ModelConfig
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
@@ -46,7 +47,7 @@ def _counted_flops(cfg: ModelConfig, mask_ratio: float, input_size: int | None =
                                structured=cfg.structured_mask)
     drop = torch.tensor([True, False])
     with FlopCounterMode(display=False) as counter:
-        out = model(x, torch.rand(BATCH), context, context_mask, keep_idx, drop)
+        out = model(x, torch.rand(BATCH), context, context_mask, drop, StepInputs(keep_idx))
         out.square().mean().backward()
     return counter.get_total_flops()
 

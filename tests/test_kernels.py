@@ -21,6 +21,7 @@ from torch import nn
 
 from maskbench.models import kernels
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.kernels import gather_tokens, scatter_tokens
 from maskbench.models.presets import ModelConfig
 
@@ -191,7 +192,7 @@ def test_training_steps_dit(interpret: None) -> None:
         return DiT(ModelConfig(width=16, depth=1, heads=2, patch_size=2, kernels=impl), 8, 3, context_dim=8)
 
     def loss_fn(model: DiT) -> torch.Tensor:
-        pred = model(x, t, context, context_mask, keep_idx=keep)                                # B×K×12
+        pred = model(x, t, context, context_mask, inputs=StepInputs(keep))                                # B×K×12
         return nn.functional.mse_loss(pred, gather_tokens(model.patchify(target), keep, impl="torch"))
 
     assert_same_training(make_model, loss_fn, through_kernels=["x_embedder.proj.weight"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import keep_count, random_keep_idx
 from maskbench.models.presets import PRESETS, ModelConfig, tiny
 from maskbench.models.text import SynthTextEncoder
@@ -54,7 +55,7 @@ def test_output_has_one_prediction_per_kept_token(mixer_depth: int) -> None:
     x, t, ids, mask = _inputs(model)
     keep = random_keep_idx(BATCH, model.seq_len, 0.75, torch.Generator().manual_seed(0))
     assert model(x, t, ids, mask).shape == (BATCH, 16, 4 * 4 * CHANNELS)
-    assert model(x, t, ids, mask, keep).shape == (BATCH, 4, 4 * 4 * CHANNELS)
+    assert model(x, t, ids, mask, inputs=StepInputs(keep)).shape == (BATCH, 4, 4 * 4 * CHANNELS)
 
 
 def test_precomputed_context_without_text_encoder() -> None:
@@ -133,7 +134,7 @@ def test_masked_forward_equals_full_forward_at_kept_tokens_without_a_backbone(mi
     keep = random_keep_idx(BATCH, model.seq_len, 0.75, torch.Generator().manual_seed(0))
     full = model(x, t, ids, mask)
     rows = torch.arange(BATCH)[:, None]
-    torch.testing.assert_close(model(x, t, ids, mask, keep), full[rows, keep])
+    torch.testing.assert_close(model(x, t, ids, mask, inputs=StepInputs(keep)), full[rows, keep])
 
 
 def test_backbone_attention_sees_only_kept_tokens() -> None:
@@ -142,14 +143,14 @@ def test_backbone_attention_sees_only_kept_tokens() -> None:
     model = _model(_cfg(mixer_depth=0))
     x, t, ids, mask = _inputs(model)
     keep = random_keep_idx(BATCH, model.seq_len, 0.75, torch.Generator().manual_seed(0))
-    out = model(x, t, ids, mask, keep)                                              # B×K×P
+    out = model(x, t, ids, mask, inputs=StepInputs(keep))                                              # B×K×P
 
     def with_patch_changed(token: int) -> torch.Tensor:
         """The output after adding 1 to every pixel of sample 0's patch `token`."""
         (row, col), p = divmod(token, model.grid[1]), model.patch_size
         changed = x.clone()
         changed[0, :, row * p:(row + 1) * p, col * p:(col + 1) * p] += 1
-        return model(changed, t, ids, mask, keep)
+        return model(changed, t, ids, mask, inputs=StepInputs(keep))
 
     dropped = next(i for i in range(model.seq_len) if i not in keep[0])
     assert torch.equal(with_patch_changed(dropped), out)
@@ -178,7 +179,7 @@ def test_all_parameters_get_gradients_after_a_couple_of_steps() -> None:
         keep = random_keep_idx(BATCH, model.seq_len, 0.75, torch.Generator().manual_seed(step))
         target = model.patchify(torch.randn_like(x))[torch.arange(BATCH)[:, None], keep]   # B×K×(p·p·C)
         optimizer.zero_grad()
-        pred = model(x, t, ids, mask, keep, drop_context=torch.tensor([True, False, False]))              # B×K×(p·p·C)
+        pred = model(x, t, ids, mask, torch.tensor([True, False, False]), StepInputs(keep))              # B×K×(p·p·C)
         loss = (pred - target).square().mean()
         loss.backward()
         optimizer.step()
@@ -191,7 +192,7 @@ def test_bf16_autocast_forward() -> None:
     x, t, ids, mask = _inputs(model)
     keep = random_keep_idx(BATCH, model.seq_len, 0.75)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x, t, ids, mask, keep, drop_context=torch.tensor([True, False, False]))
+        out = model(x, t, ids, mask, torch.tensor([True, False, False]), StepInputs(keep))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
 
 
@@ -225,7 +226,7 @@ def test_bad_input_shapes_raise() -> None:
     model = _model(_cfg())
     x, t, ids, mask = _inputs(model)
     with pytest.raises(ValueError, match="keep_idx"):
-        model(x, t, ids, mask, torch.zeros(BATCH, 17, dtype=torch.long))
+        model(x, t, ids, mask, inputs=StepInputs(torch.zeros(BATCH, 17, dtype=torch.long)))
     with pytest.raises(ValueError, match="expected x of shape"):
         model(x[:, :, :8], t, ids, mask)
 

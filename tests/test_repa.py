@@ -19,6 +19,7 @@ from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
 from maskbench.eval import oracle
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
 from maskbench.models.presets import ModelConfig
@@ -52,7 +53,8 @@ def _repa(model: DiT, depth: int, weight: float = 0.5) -> repa.Repa:
 def _loss(model: DiT, alignment: repa.Repa | None, mask_ratio: float) -> torch.Tensor:
     x0, noise, t, ids, mask = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, mask_ratio, generator=torch.Generator().manual_seed(2))
-    return windowed_flow_loss(model, x0, noise, t, ids, mask, keep, torch.zeros(B, dtype=torch.bool), repa=alignment)
+    return windowed_flow_loss(model, x0, noise, t, ids, mask, torch.zeros(B, dtype=torch.bool),
+                              StepInputs(keep, repa=alignment))
 
 
 def test_repa_loss_is_the_negative_cosine_averaged_over_tokens_and_samples() -> None:
@@ -74,7 +76,7 @@ def test_alignment_reads_the_tapped_block_at_the_kept_positions(depth: int, mask
     x0, _, t, ids, mask = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, mask_ratio, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        model(x0, t, ids, mask, keep)
+        model(x0, t, ids, mask, inputs=StepInputs(keep))
         term = alignment(x0, keep)
     features = alignment.encoder(x0).flatten(2).transpose(1, 2)                      # B×64×64
     positions = keep if depth == 2 and keep is not None else torch.arange(64).expand(B, -1)
@@ -141,7 +143,7 @@ def test_projector_and_encoder_flops_match_the_flop_counter(mixer_depth: int, de
     x0, _, t, ids, mask = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, mask_ratio, generator=torch.Generator().manual_seed(2))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        out = model(x0, t, ids, mask, keep)
+        out = model(x0, t, ids, mask, inputs=StepInputs(keep))
         (out.square().mean() + alignment(x0, keep)).backward()
     analytic = (train_step_flops(model.cfg, 32, 3, 32, 8, B, mask_ratio, text_encoder=True)
                 + repa_step_flops(model.cfg, 32, B, mask_ratio, depth, repa.projector_hidden(32),

@@ -14,6 +14,7 @@ from maskbench.config import load_config
 from maskbench.eval.sample import euler_sample
 from maskbench.models import dit as dit_module
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import keep_count, random_keep_idx
 from maskbench.models.objective import flow_loss, interpolate
 from maskbench.models.presets import PRESETS, ModelConfig, check_model, route_span
@@ -117,12 +118,12 @@ def test_routed_forward_matches_a_per_sample_reference_loop(mask_ratio: float) -
     seen = {}
     hook = model.blocks[0].register_forward_pre_hook(lambda module, args: seen.update(args=args))  # backbone input
     with torch.no_grad():
-        out = model(x_t, t, ids, mask, keep_idx, None, span_idx=span_idx)                            # B×K×P
+        out = model(x_t, t, ids, mask, inputs=StepInputs(keep_idx, span_idx))                            # B×K×P
         hook.remove()
         tokens, c, ctx, ctx_mask = seen["args"]
         expected = model.final_layer(_reference_backbone(model.blocks, tokens, c, ctx, ctx_mask, span_idx,
                                                          route_span(model.cfg)), c)
-        plain = model(x_t, t, ids, mask, keep_idx, None)
+        plain = model(x_t, t, ids, mask, inputs=StepInputs(keep_idx))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(out, plain, atol=1e-3)  # the route changed what the span saw
 
@@ -131,10 +132,10 @@ def test_the_loss_reads_every_token_of_a_routed_step() -> None:
     model = randomized(_model(depth=4, route_ratio=0.5), std=0.1)
     x0, noise, t, ids, mask = _inputs(model)
     span_idx = draw_route(model.cfg, B, model.seq_len, None, torch.Generator().manual_seed(2))
-    pred = model(interpolate(x0, noise, t), t, ids, mask, None, None, span_idx=span_idx)            # B×L×P
+    pred = model(interpolate(x0, noise, t), t, ids, mask, inputs=StepInputs(span_idx=span_idx))            # B×L×P
     assert pred.shape[1] == model.seq_len
     hand = ((pred - model.patchify(noise - x0)) ** 2).mean()
-    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, span_idx=span_idx), hand)
+    torch.testing.assert_close(flow_loss(model, x0, noise, t, ids, mask, inputs=StepInputs(span_idx=span_idx)), hand)
 
 
 def test_sampling_runs_every_block_on_every_token() -> None:
@@ -180,8 +181,8 @@ def _routed_flops(cfg: ModelConfig, mask_ratio: float) -> int:
         keep_idx = random_keep_idx(batch, model.seq_len, mask_ratio)
         span_idx = draw_route(cfg, batch, model.seq_len, keep_idx)
         with FlopCounterMode(display=False) as counter:
-            model(x, torch.rand(batch), context, torch.ones(batch, s["context_len"], dtype=torch.bool), keep_idx,
-                  torch.tensor([True, False]), span_idx=span_idx).square().mean().backward()
+            model(x, torch.rand(batch), context, torch.ones(batch, s["context_len"], dtype=torch.bool),
+                  torch.tensor([True, False]), StepInputs(keep_idx, span_idx)).square().mean().backward()
     return counter.get_total_flops()
 
 

@@ -76,7 +76,7 @@ class KnownVelocity(nn.Module):
         self.cond, self.uncond, self.shape = cond, uncond, shape
         self.forwards: list[tuple[int, list[bool] | None]] = []
 
-    def forward(self, x, t, context, context_mask, keep_idx=None, drop_context=None) -> torch.Tensor:
+    def forward(self, x, t, context, context_mask, drop_context=None, inputs=None) -> torch.Tensor:
         self.forwards.append((len(x), None if drop_context is None else drop_context.tolist()))
         t = t.view(-1, 1, 1, 1)
         v = self.cond(x, t)
@@ -156,7 +156,7 @@ class KnowsTheData(nn.Module):
         super().__init__()
         self.images, self.err, self.read = images, err, []
 
-    def forward(self, x_t, t, context, context_mask, keep_idx=None, drop_context=None) -> torch.Tensor:
+    def forward(self, x_t, t, context, context_mask, drop_context=None, inputs=None) -> torch.Tensor:
         i = context[:, 0, 0].long()                                        # B
         self.read.extend(i.tolist())
         t = t.view(-1, 1, 1, 1)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from maskbench.config.identity import split_source
 from maskbench.config.schema import LRSchedule, Phase, RunConfig, Trainable, TrainConfig, demote_routes
+from maskbench.config.techniques import refuse_exclusive, techniques_of
 from maskbench.errors import ConfigError
 from maskbench.models.presets import LEARNED_SKIP_SCALES, LongSkipKind, check_model
 
@@ -140,9 +141,6 @@ def _validate_cosine_rule(cfg: RunConfig, phase: Phase) -> None:
     if until.probe_splits < 3 or micro < until.probe_splits:
         raise ConfigError(f"arm {name!r}: until.probe_splits must be >= 3 (the debiased cosine pairs distinct parts) "
                           f"and at most the micro-batch ({micro}); got {until.probe_splits}")
-    if cfg.train.repa_weight or cfg.model.route_ratio or cfg.model.path_drop:
-        raise ConfigError(f"arm {name!r}: until.grad_cosine_below probes the flow loss alone: not with REPA, TREAD's "
-                          "routing or SPRINT's path drop")
 
 
 def _validate_rule_horizons(cfg: RunConfig, phase: Phase) -> None:
@@ -170,6 +168,8 @@ def _validate_techniques(cfg: RunConfig) -> None:
         raise ConfigError("model.structured_mask keeps one token per 2x2 group: every phase needs mask 0 or 0.75")
     _validate_demotion(cfg)
     _validate_repa(cfg)
+    if (why := refuse_exclusive(techniques_of(cfg), described=True)) is not None:
+        raise ConfigError(why)
 
 
 def _validate_repa(cfg: RunConfig) -> None:
@@ -182,9 +182,9 @@ def _validate_repa(cfg: RunConfig) -> None:
     if train.repa_depth is not None and not 1 <= train.repa_depth <= blocks:
         raise ConfigError(f"train.repa_depth={train.repa_depth} must be a block from 1 to {blocks} "
                           "(mixer, backbone and decoder blocks, in the order they run)")
-    if train.repa_weight and (demote_routes(train) or any(p.trainable == Trainable.skips for p in cfg.arm.phases)):
-        raise ConfigError("train.repa_weight aligns native-resolution tokens of a fully trained model: it cannot run "
-                          "with train.demote_routes / downscale_window or a `trainable: skips` phase")
+    if train.repa_weight and any(p.trainable == Trainable.skips for p in cfg.arm.phases):
+        raise ConfigError("train.repa_weight aligns the tokens of a fully trained model: it cannot run with a "
+                          "`trainable: skips` phase")
 
 
 def _validate_demotion(cfg: RunConfig) -> None:
@@ -214,9 +214,6 @@ def _validate_demotion(cfg: RunConfig) -> None:
     if not routes and not all(p.demote for p in cfg.arm.phases):
         raise ConfigError(f"arm {cfg.arm.name!r}: a phase's `demote: false` does nothing without train.demote_routes "
                           "/ downscale_window (it turns the routes off in that phase)")
-    if routes and (any(p.mask_ratio > 0 for p in cfg.arm.phases) or cfg.model.route_ratio > 0):
-        raise ConfigError("downscaled steps and token dropping or routing are separate arms: "
-                          "train.demote_routes / downscale_window need every phase at mask 0 and model.route_ratio=0")
     if routes and cfg.model.skip_scale in LEARNED_SKIP_SCALES:
         raise ConfigError(f"model.skip_scale={cfg.model.skip_scale}'s gate is defined on the native token grid: "
                           "it cannot run the demoted steps of train.demote_routes / downscale_window")

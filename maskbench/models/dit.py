@@ -29,6 +29,7 @@ from timm.layers import Attention, Mlp, PatchEmbed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
+from maskbench.models.inputs import FULL, StepInputs
 from maskbench.models.kernels import gather_tokens, scatter_tokens
 from maskbench.models.masking import host_to_device
 from maskbench.models.presets import SKIP_GATE_REDUCTION, LongSkipKind, ModelConfig, SkipInit, SkipScale, check_model
@@ -360,13 +361,13 @@ class DiT(nn.Module):
         return tokens, context_mask | drop                                          # B×T
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor,
-                keep_idx: torch.Tensor | None = None, drop_context: torch.Tensor | None = None,
-                drop_path: torch.Tensor | None = None, span_idx: torch.Tensor | None = None) -> torch.Tensor:
-        """x_t B×C×H×W (native, or demoted to fewer patches), t B in [0, 1], keep_idx B×K sorted
-        (None = all L), drop_path B bool (SPRINT's path drop, `draw_path_drop`; training only), span_idx B×R
-        sorted positions among the backbone's K tokens (TREAD's route, `draw_route`; training only)
+                drop_context: torch.Tensor | None = None, inputs: StepInputs = FULL) -> torch.Tensor:
+        """x_t B×C×H×W (native, or demoted to fewer patches), t B in [0, 1], drop_context B bool (caption
+        dropped), and a training step's technique inputs (`StepInputs`: keep_idx B×K sorted, span_idx B×R
+        sorted positions among the backbone's K tokens, drop_path B bool; none when sampling)
         -> B×K×(p·p·C) for the kept tokens, or B×L×(p·p·C) with decoder blocks."""
-        self._check_inputs(x, t, context_mask, keep_idx, drop_path)
+        keep_idx, span_idx, drop_path = inputs.keep_idx, inputs.span_idx, inputs.drop_path
+        self._check_inputs(x, t, context_mask, drop_context, keep_idx, drop_path)
         ctx, ctx_mask = self.encode_context(context, context_mask, drop_context)       # B×T×D, B×T
         c = self.t_embedder(t) + self.text_pool(masked_mean(ctx, ctx_mask))            # B×D
         tokens = self.x_embedder(x)                                                    # B×L×D
@@ -462,8 +463,12 @@ class DiT(nn.Module):
         return x.reshape(B, C, h * p, w * p)                        # B×C×H×W
 
     def _check_inputs(self, x: torch.Tensor, t: torch.Tensor, context_mask: torch.Tensor,
-                      keep_idx: torch.Tensor | None, drop_path: torch.Tensor | None) -> None:
+                      drop_context: torch.Tensor | None, keep_idx: torch.Tensor | None,
+                      drop_path: torch.Tensor | None) -> None:
         B = x.shape[0]
+        if drop_context is not None and drop_context.dtype != torch.bool:  # kept-token indices passed where they were
+            raise TypeError(f"drop_context must be B bool, got {drop_context.dtype}; kept tokens go in "
+                            "inputs=StepInputs(keep_idx)")
         (h, w), p = self.grid, self.patch_size
         if x.ndim != 4 or x.shape[1] != self.in_channels or not _fits_grid(x.shape[-2:], p, (h, w)):
             raise ValueError(f"expected x of shape B×{self.in_channels}×{h * p}×{w * p} (or demoted to a "

@@ -7,7 +7,7 @@ convention (t = 0 is data, t = 1 is noise) and on what each route's loss is.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from maskbench.config import DemoteRoute
 from maskbench.data.demote import demoted_size, ratio_key, resize
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import FULL, StepInputs
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import drop_idx, host_to_device
 
@@ -97,24 +98,23 @@ def mae_target(x_t_tokens: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
-              context_mask: torch.Tensor, keep_idx: torch.Tensor | None = None,
-              drop_context: torch.Tensor | None = None, mae_weight: float = 0.0,
-              forward: Callable[..., torch.Tensor] | None = None, span_idx: torch.Tensor | None = None,
-              drop_path: torch.Tensor | None = None) -> torch.Tensor:
+              context_mask: torch.Tensor, drop_context: torch.Tensor | None = None, inputs: StepInputs = FULL,
+              mae_weight: float = 0.0, forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """The training loss of one batch: velocity MSE on the kept tokens (+ MaskDiT's MAE on the masked ones).
 
     x0 and noise may be at a lower resolution than the model's native one (downscaled steps); the
     model adapts its positions. A model with decoder blocks predicts every token; the velocity loss
-    still reads the kept ones only, and `mae_weight` adds the MAE loss on the dropped ones.
+    still reads the kept ones (`inputs.keep_idx`) only, and `mae_weight` adds the MAE loss on the dropped ones.
     `forward` is what runs the model (a compiled or DDP-wrapped copy of it); default: `model` itself.
-    `span_idx` is TREAD's route (`models/routing.py`): it changes which blocks a token passes, not which
-    tokens the model predicts. A model with SPRINT's sparse-dense fusion predicts every token and is scored
-    on every token (SPRINT's flow_matching.py 136-137); `drop_path` (B bool) drops its deep path per sample.
+    TREAD's route (`inputs.span_idx`) changes which blocks a token passes, not which tokens the model predicts.
+    A model with SPRINT's sparse-dense fusion predicts every token and is scored on every token (SPRINT's
+    flow_matching.py 136-137).
     """
+    keep_idx = inputs.keep_idx
     x_t = interpolate(x0, noise, t)                                                   # B×C×H×W
     target = model.patchify(noise - x0)                                               # B×L×P
     run = model if forward is None else forward  # not `forward or model`: a compiled module has no truth value
-    pred = run(x_t, t, context, context_mask, keep_idx, drop_context, drop_path, span_idx=span_idx)  # B×K×P or B×L×P
+    pred = run(x_t, t, context, context_mask, drop_context, inputs)                   # B×K×P or B×L×P
     if keep_idx is None or model.cfg.sparse_fusion:
         return velocity_loss(pred, target)
     loss = velocity_loss(gather_tokens(pred, keep_idx, impl="torch") if model.cfg.decoder_depth else pred,
@@ -130,54 +130,44 @@ def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor
 
 
 def windowed_flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
-                       context_mask: torch.Tensor, keep_idx: torch.Tensor | None, drop_context: torch.Tensor,
-                       routes: Sequence[DemoteRoute] = (), gate: str = "sample", mae_weight: float = 0.0,
-                       forward: Callable[..., torch.Tensor] | None = None, generator: torch.Generator | None = None,
-                       demoted: Mapping[str, torch.Tensor] | None = None,
-                       span_idx: torch.Tensor | None = None, drop_path: torch.Tensor | None = None,
-                       repa: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None) -> torch.Tensor:
-    """`flow_loss`, except that the samples `route_choice` sends to a route train at its smaller size.
+                       context_mask: torch.Tensor, drop_context: torch.Tensor, inputs: StepInputs = FULL,
+                       mae_weight: float = 0.0, forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """`flow_loss`, except that the samples `route_choice` sends to a demotion route (`inputs.demotion`) train at
+    its smaller size, and REPA's loss term (`inputs.repa`) is added.
 
     The batch splits by route (every sample keeps its own t, noise and caption dropout) and the loss is
-    the mean over samples of every part. `demoted` holds latent data's demoted x0 per ratio (B×C×s×s,
-    keyed `ratio_key`); `generator` draws the noise of non-integer ratios. t may live on the host (the split
-    is then read without a device sync). Token dropping and demotion are separate arms, so the split runs
-    at mask 0 (the config refuses both at once). `repa(x0, keep_idx)` (`train/repa.py`, native steps only: the
-    config refuses it with routes) adds REPA's λ·alignment loss on the tokens its hook took from this forward.
+    the mean over samples of every part. t may live on the host (the split is then read without a device
+    sync). `StepInputs` refuses demotion beside token dropping, routing, path drop or REPA, so a demoted
+    step's parts carry no other technique. `inputs.repa(x0, keep_idx)` (`train/repa.py`) adds REPA's λ·alignment
+    loss on the tokens its hook took from this forward.
     """
-    device = x0.device
-    if not routes:
-        loss = flow_loss(model, x0, noise, t.to(device), context, context_mask, keep_idx, drop_context, mae_weight,
-                         forward, span_idx, drop_path)
-        return loss if repa is None else loss + repa(x0, keep_idx)
-    if repa is not None:
-        raise ValueError("REPA aligns native-resolution tokens: it cannot run with demotion routes")
+    device, demotion = x0.device, inputs.demotion
+    if demotion is None or not demotion.routes:
+        loss = flow_loss(model, x0, noise, t.to(device), context, context_mask, drop_context, inputs, mae_weight,
+                         forward)
+        return loss if inputs.repa is None else loss + inputs.repa(x0, inputs.keep_idx)
     loss = functools.partial(flow_loss, model, mae_weight=mae_weight,
                              forward=batch_dynamic(model if forward is None else forward))
-    choice = route_choice(t, routes, gate)                                            # B, where t is
+    choice = route_choice(t, demotion.routes, demotion.gate)                          # B, where t is
     # How many samples each part holds is data (their t), and every shape of the part follows from it: read
     # where t is. The trainer keeps t on the host, so this waits on nothing; t on a device would sync here.
-    native, *counts = torch.bincount(choice + 1, minlength=len(routes) + 1).tolist()
+    native, *counts = torch.bincount(choice + 1, minlength=len(demotion.routes) + 1).tolist()
     t = t.to(device, non_blocking=True)                                               # B
     if native == len(t):
-        return loss(x0, noise, t, context, context_mask, keep_idx, drop_context, span_idx=span_idx,
-                    drop_path=drop_path)
-    if keep_idx is not None or span_idx is not None or drop_path is not None:
-        raise ValueError("downscaled samples train on every token in every block: keep_idx, span_idx and "
-                         "drop_path must be None")
+        return loss(x0, noise, t, context, context_mask, drop_context)
     # Each part's samples in batch order (a stable sort by route, native first): x0[rows] is x0[choice == r].
     order = torch.argsort(choice, stable=True).to(device, non_blocking=True)         # B
     native_rows, *route_rows = order.split([native, *counts])                         # n each
     total = 0.0
-    for route, n, rows in [*zip(routes, counts, route_rows), (None, native, native_rows)]:  # the routes, then native
+    for route, n, rows in [*zip(demotion.routes, counts, route_rows), (None, native, native_rows)]:  # routes, native
         if not n:
             continue
         x0_part, noise_part = x0[rows], noise[rows]                                   # n×C×H×W each
         if route is not None:
-            given = demoted[ratio_key(route.ratio)][rows] if demoted is not None else None
-            x0_part, noise_part = demote(x0_part, noise_part, route.ratio, model.patch_size, generator, given)
-        total = total + n * loss(x0_part, noise_part, t[rows], context[rows], context_mask[rows], None,
-                                 drop_context[rows])
+            given = demotion.demoted[ratio_key(route.ratio)][rows] if demotion.demoted is not None else None
+            x0_part, noise_part = demote(x0_part, noise_part, route.ratio, model.patch_size, demotion.generator,
+                                         given)
+        total = total + n * loss(x0_part, noise_part, t[rows], context[rows], context_mask[rows], drop_context[rows])
     return total / len(t)
 
 
@@ -189,9 +179,9 @@ def batch_dynamic(run: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
     Dynamo still specialise a part of one sample, instead of refusing it: each input size compiles at
     most two graphs (one sample, and any other count). Marking changes no value.
     """
-    def marked(*inputs: torch.Tensor | None, **options: torch.Tensor | None) -> torch.Tensor:
-        for x in inputs:
-            if x is not None:
+    def marked(*tensors: torch.Tensor | StepInputs | None, **options: torch.Tensor | None) -> torch.Tensor:
+        for x in tensors:
+            if isinstance(x, torch.Tensor):
                 torch._dynamo.maybe_mark_dynamic(x, 0)
-        return run(*inputs, **options)
+        return run(*tensors, **options)
     return marked

@@ -59,6 +59,7 @@ from maskbench.errors import ConfigError
 from maskbench.eval.decode import LatentDecoder, resolve_vae
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import demote, flow_loss
 from maskbench.models.presets import LEARNED_SKIP_SCALES, ModelConfig
@@ -172,7 +173,7 @@ def route_grads(model: DiT, batch: dict, routes: tuple[Route, ...], t_bin: tuple
         else:
             keep_idx = random_keep_idx(b, model.seq_len, route.mask_ratio, generator=generator, device=device,
                                        grid=model.grid, structured=route.structured)  # B×K
-            grads.append(flat_grad(model, loss(x0, noise, keep_idx=keep_idx)))
+            grads.append(flat_grad(model, loss(x0, noise, inputs=StepInputs(keep_idx=keep_idx))))
     return torch.stack(grads).cpu()                                                # (1+R)×P, on the host
 
 

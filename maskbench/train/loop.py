@@ -51,6 +51,7 @@ from maskbench.errors import ConfigError
 from maskbench.files import write_atomic
 from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
+from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import host_to_device, random_keep_idx
 from maskbench.models.objective import flow_loss, sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
@@ -130,17 +131,20 @@ def set_trainable(model: DiT, trainable: str) -> None:
 
 @dataclass
 class StepDraws:
-    """One stream's micro-batch on the device and every draw of its step (`Trainer.step_draws`)."""
+    """One stream's micro-batch on the device and every draw of its step (`Trainer.step_draws`): what every
+    arm with this seed shares, and the arm's own technique inputs."""
     x0: torch.Tensor                  # b×C×H×W
     t: torch.Tensor                   # b, on the host
     drop: torch.Tensor                # b bool: caption dropped
-    keep_idx: torch.Tensor | None     # b×K kept tokens, None at mask 0
-    span_idx: torch.Tensor | None     # b×R, TREAD's routed tokens
-    drop_path: torch.Tensor | None    # b bool, SPRINT's path drop
     noise: torch.Tensor               # b×C×H×W
     context: torch.Tensor             # b×T(×D)
     context_mask: torch.Tensor        # b×T
-    demote: torch.Generator           # a demotion route's fresh draws
+    inputs: StepInputs                # the mask, TREAD's route, SPRINT's path drop, demotion, REPA
+
+    def loss_args(self, index: torch.Tensor | None = None) -> tuple:
+        """(x0, noise, t, context, context_mask, drop) for `objective.flow_loss`, of the samples `index` picks."""
+        args = (self.x0, self.noise, self.t, self.context, self.context_mask, self.drop)
+        return args if index is None else tuple(x[index.to(x.device)] for x in args)
 
 
 @dataclass
@@ -325,21 +329,19 @@ class Trainer:
         drop_path = draw_path_drop(b, cfg.model, generator("path_drop"), device)        # b, None without SPRINT's
         noise = host_to_device(torch.randn(x0.shape, generator=generator("noise")), device)  # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, device)
-        return StepDraws(x0, t, drop, keep_idx, span_idx, drop_path, noise, context, context_mask,
-                         generator("demote"))
+        demotion = None
+        if self.routes and phase.demote:  # latent data's demoted x0 on the device: the loss indexes it by t there
+            demoted = {ratio: x.to(device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
+            demotion = Demotion(self.routes, cfg.train.demote_gate, generator("demote"), demoted or None)
+        inputs = StepInputs(keep_idx, span_idx, drop_path, demotion, self.repa)
+        return StepDraws(x0, t, drop, noise, context, context_mask, inputs)
 
     def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The training loss of one stream's micro-batch, and the digest of its shared draws."""
-        cfg, acc = self.cfg, self.accelerator
+        acc = self.accelerator
         d = self.step_draws(batch, phase, stream, step)
-        demoted = {ratio: x.to(acc.device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
         with acc.autocast():
-            loss = windowed_flow_loss(self.net, d.x0, d.noise, d.t, d.context, d.context_mask, d.keep_idx,
-                                      d.drop, self.routes if phase.demote else [], cfg.train.demote_gate,
-                                      cfg.train.mae_weight,
-                                      forward=self.forward, generator=d.demote,
-                                      demoted=demoted or None,  # on the device: the loss indexes it by t there
-                                      span_idx=d.span_idx, drop_path=d.drop_path, repa=self.repa)
+            loss = windowed_flow_loss(self.net, *d.loss_args(), d.inputs, self.cfg.train.mae_weight, self.forward)
         return loss, draw_digest(d.t, d.drop, d.noise, device=acc.device)
 
     def masked_share(self, phase: PhasePlan) -> float:
@@ -357,11 +359,12 @@ class Trainer:
             d = self.step_draws(batch, phase, stream, step)
 
             def part_losses(idx: torch.Tensor, d: StepDraws = d) -> tuple[torch.Tensor, torch.Tensor]:
-                loss = functools.partial(flow_loss, net, d.x0[idx], d.noise[idx], d.t.to(acc.device)[idx],
-                                         d.context[idx], d.context_mask[idx], drop_context=d.drop[idx],
+                x0, noise, t, context, context_mask, drop = d.loss_args(idx)
+                loss = functools.partial(flow_loss, net, x0, noise, t.to(acc.device), context, context_mask, drop,
                                          mae_weight=self.cfg.train.mae_weight)
+                masked = d.inputs.rows(idx)
                 with acc.autocast():
-                    return loss(), loss(keep_idx=d.keep_idx[idx])
+                    return loss(inputs=masked.unmasked()), loss(inputs=masked)
 
             parts = torch.arange(d.x0.shape[0], device=acc.device).tensor_split(splits)
             with self.block_norms.paused():  # the probe's forwards are not the step's
