@@ -7,7 +7,7 @@ import scipy.stats
 from PIL import Image
 
 from maskbench.results.crossover import correct_cells, crossover_cells, crossover_figure, plot_crossover, render_cells
-from maskbench.results.estimators import ratio_verdict
+from maskbench.results.estimators import ZERO_SPREAD, ratio_verdict
 from maskbench.results.leaderboard import COLUMNS
 from maskbench.results.multiplicity import Family
 
@@ -67,7 +67,7 @@ def test_a_target_met_at_the_first_point_is_an_upper_bound_below_1_and_no_verdic
 
 
 def test_cells_split_by_model_and_batch_and_need_both_arms_per_seed() -> None:
-    rows = [row(arm, seed, p, 100.0 - 10 * p * (arm == "mask75"), model=m, batch=b)
+    rows = [row(arm, seed, p, 100.0 - 10 * p * (arm == "mask75") * (1 + seed / 10), model=m, batch=b)
             for arm in ("mask0", "mask75") for seed in range(3) for p in (0.5, 1.0)
             for m in ("micro_xs", "micro_s") for b in (32, 128)]
     rows.append(row("mask0", 7, 1.0, 1.0))  # no mask75 partner: ignored
@@ -77,7 +77,9 @@ def test_cells_split_by_model_and_batch_and_need_both_arms_per_seed() -> None:
     assert all(c.n == 3 for c in cells)
     assert [c.model for c in cells][:4] == ["micro_xs"] * 4  # smallest model first
     assert "| micro_s | 2 | 128 | 1 |" in render_cells(cells)
-    assert all(c.readings["fid"].difference.verdict == "better" for c in cells)  # lower by 10·p at every seed
+    assert all(c.readings["fid"].difference.verdict == "better" for c in cells)  # lower by 10·p·(1 + s/10) at seed s
+    constant = crossover_cells([dict(r, fid=100.0 - 10 * r["point"] * (r["arm"] == "mask75")) for r in rows])
+    assert all(c.readings["fid"].difference.verdict == ZERO_SPREAD for c in constant)  # 10·p at every seed: no p
 
 
 def val_loss(arm: str, seed: int, point: float, batch: int) -> float:
@@ -135,7 +137,7 @@ def test_the_map_reads_val_loss_beside_fd_and_marks_disagreement(capsys) -> None
         rows += [row("mask0", seed, 0.5, 200.0 + seed, val_loss=0.60),
                  row("mask0", seed, 1.0, 100.0 + seed, val_loss=0.50),
                  row("mask75", seed, 0.5, 150.0 + seed + 2 * (seed == 1), val_loss=0.70),
-                 row("mask75", seed, 1.0, 90.0 + seed, val_loss=0.65)]
+                 row("mask75", seed, 1.0, 90.0 + seed, val_loss=0.65 + 0.01 * seed)]
     cells = crossover_cells(rows)
     final = cells[-1]
     assert list(final.readings) == ["fid", "val_loss"]
@@ -150,3 +152,36 @@ def test_the_map_reads_val_loss_beside_fd_and_marks_disagreement(capsys) -> None
     assert tests == sum(1 for c in cells for r in c.readings.values() for p in (r.ratio.p, r.difference.p)
                         if not math.isnan(p))
     assert corrected[-1].readings["fid"].ratio.p_adj >= cells[-1].readings["fid"].ratio.p
+
+
+def test_seeds_run_under_other_conditions_are_left_out_of_their_cells_and_named(capsys) -> None:
+    """mask75's seed 1 ran in bf16 against mask0's fp32: its cells read seeds 0 and 2 only (the paired difference
+    of those two, by hand), and one line under the map names the seed and the field."""
+    rows = [row(arm, seed, p, 100.0 - 30 * p * (1 + 0.5 * (arm == "mask75")) - seed * (1 + (arm == "mask75")),
+                precision="bf16" if (arm, seed) == ("mask75", 1) else "fp32", draw_scheme="crn-v3")
+            for arm in ("mask0", "mask75") for seed in range(3) for p in (0.5, 1.0)]
+    cells = crossover_cells(rows)
+    assert [c.n for c in cells] == [2, 2]
+    assert cells[-1].readings["fid"].difference.mean == pytest.approx(-15.0 - 1.0)  # seeds 0 and 2: −15, −17
+    note = "micro_s b64: mask75: not paired with mask0 on seed(s) 1: precision (bf16 vs fp32) differ"
+    assert cells[0].notes == (note,) and render_cells(cells).splitlines().count(note) == 1
+
+
+def test_a_horizon_the_baselines_fit_pooled_repeats_the_earlier_one_and_counts_once_in_holm() -> None:
+    """mask0's FD goes back up from 0.5 to 1 on every seed (180 + s, then 200 + s): its fit pools the two to
+    190 + s, one target, so the cell at 1 has 0.5's ratio, marked (= 0.5), one test in Holm with 0.5's p adj."""
+    rows = []
+    for seed in range(3):
+        rows += [row("mask0", seed, p, fid + seed) for p, fid in ((0.25, 300.0), (0.5, 180.0), (1.0, 200.0))]
+        rows += [row("mask75", seed, p, fid) for p, fid in ((0.25, 250.0 + 2 * seed), (0.5, 210.0 + seed),
+                                                           (1.0, 170.0 + 3 * seed))]
+    first, half, final = crossover_cells(rows)
+    assert (first.readings["fid"].repeats, half.readings["fid"].repeats, final.readings["fid"].repeats) == (
+        None, None, 0.5)
+    assert final.readings["fid"].ratio == half.readings["fid"].ratio and final.readings["fid"].ratio.p > 0
+    assert final.readings["fid"].difference.mean != half.readings["fid"].difference.mean  # Δ is read at each horizon
+    corrected, tests = correct_cells([first, half, final], Family(("fid",), method="holm"))
+    ps = [p for c in (first, half, final) for p in (c.readings["fid"].ratio.p, c.readings["fid"].difference.p)]
+    assert tests == sum(not math.isnan(p) for p in ps) - 1  # the repeated ratio is not a second test
+    assert corrected[2].readings["fid"].ratio.p_adj == corrected[1].readings["fid"].ratio.p_adj
+    assert "(= 0.5)" in render_cells(corrected).splitlines()[4]

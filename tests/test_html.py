@@ -3,6 +3,7 @@
 
 import base64
 import io
+from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -138,3 +139,69 @@ def test_study_page_embeds_its_tables_curves_and_grids_and_names_the_missing_one
 def test_html_refuses_the_reports_it_does_not_write(tmp_path: Path, study: Path, capsys):
     assert main(["leaderboard", str(study), "--html", str(tmp_path), "--mlperf"]) == 2
     assert "--html" in capsys.readouterr().err
+
+
+PLAN = ("---\nstudy: curves\nwritten: 2026-01-01T00:00:00+00:00\nprimary_metrics: [fid, val_loss]\nbaseline: mask0\n"
+        "targets: baseline horizons\ntest: paired t over seeds\nalpha: 0.05\ncorrection: holm\n"
+        "pays:\n  ratio: compute multiplier\n  interval: above 1\n  metrics: all primary\n---\n# the plan\n")
+
+
+@pytest.fixture
+def curves_study(tmp_path: Path) -> Path:
+    """mask0, mask75 (its curve's amplitude 0.22 against mask0's 0.30: M(B) 1.7, pays) and mask50 (0.40: M(B) 0.62,
+    does not pay), 3 seeds, 4 horizons, val loss and FD with sampling errors, under a compute-multiplier plan."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in range(3):
+        jitter = 1 + 0.03 * rng.normal()
+        for arm, amplitude in (("mask0", 0.30), ("mask75", 0.22), ("mask50", 0.40)):
+            for point in (0.125, 0.25, 0.5, 1.0):
+                loss = 0.05 + amplitude * jitter * point**-0.6
+                rows.append({"run_id": f"{arm}-synth-tiny-s{seed}-abc", "arm": arm, "dataset": "synth",
+                             "model": "tiny", "batch_size": 8, "budget_flops": 1e12, "point": point, "seed": seed,
+                             "train_flops": point * 1e12, "gpu_hours": point,
+                             "val_loss": loss * (1 + 0.003 * rng.normal()), "val_loss_se": 0.003 * loss,
+                             "fid": 1000 * loss * (1 + 0.01 * rng.normal()), "fid_se": 10 * loss, "fid_n": 2048,
+                             "fid_features": "oracle-synth-v1", "created_at": "2026-02-01T00:00:00+00:00"})
+    append_rows(tmp_path / "curves" / "leaderboard.csv", rows)
+    (tmp_path / "curves" / "PLAN.md").write_text(PLAN, encoding="utf-8")
+    return tmp_path / "curves" / "leaderboard.csv"
+
+
+def test_the_page_opens_with_a_headline_from_the_verdicts_and_shows_the_compute_curves(tmp_path: Path,
+                                                                                       curves_study: Path, capsys):
+    from maskbench.results.html import analyse
+    from maskbench.results.tables import headline
+
+    assert main(["leaderboard", str(curves_study), "--html", str(tmp_path / "pages"), "--runs", str(tmp_path)]) == 0
+    text = (tmp_path / "pages" / "curves" / "report.html").read_text(encoding="utf-8")
+    page = Page(text)
+    expected = headline(analyse("curves", [str(curves_study)], None, None, "skip").verdicts)
+    assert expected == ("By the plan's rule (confirmatory), on synth/tiny/b8/1e+12 at B = 1e+12 FLOPs: mask50 does not "
+                        "pay, mask75 pays.")
+    assert text.index(f"<p class=\"headline\">{escape(expected)}</p>") < text.index("<table")  # it opens the page
+    assert len(page.links) == 2 and all(png_of(src).width > 400 for src in page.links)  # the fits, the curves
+    assert main(["leaderboard", str(curves_study), "--format", "markdown"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    headers = [table[0] for table in page.tables]
+    for columns in (["arm", "A (95% CI)", "α (95% CI)"], ["arm", "figure at B", "predicted (95% CI)",
+                                                          "measured (95% CI)", "prediction"]):
+        assert columns in headers
+    verdicts = next(table for table in page.tables if table[0][:3] == ["group", "arm", "metric"])
+    assert {row[1]: row[-2] for row in verdicts[1:]} == {"mask75": "pays", "mask50": "does not pay"}
+    for table in page.tables:                                               # every table as the report prints it
+        assert all("| " + " | ".join(row) + " |" in printed for row in table)
+
+
+def test_a_study_without_compute_curves_still_opens_with_a_generated_headline(tmp_path: Path, study: Path):
+    from maskbench.results.html import analyse
+    from maskbench.results.tables import ratio_headline
+
+    assert main(["leaderboard", str(study), "--html", str(tmp_path / "pages"), "--runs", str(tmp_path)]) == 0
+    text = (tmp_path / "pages" / "mystudy" / "report.html").read_text(encoding="utf-8")
+    found = analyse("mystudy", [str(study)], None, None, "skip")
+    expected = ratio_headline(found.summary, found.family)
+    assert expected.startswith("Without a plan (exploratory), on the FLOPs to reach mask0's value at its last horizon: "
+                               "on synth/tiny/b8/1e+12: mask75 ")
+    assert f"<p class=\"headline\">{escape(expected)}</p>" in text
+    assert not found.fits and "<h2>Compute curves</h2>" not in text and "The plan's verdict" not in text

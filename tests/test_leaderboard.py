@@ -3,6 +3,7 @@
 import csv
 import logging
 import multiprocessing
+import re
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,174 @@ def test_the_committed_plans_parse_and_say_they_came_after_the_data():
                 in first.lower())
         rows = read_rows([REPO / "results" / name / "leaderboard.csv"], on_error="abort")
         assert plan.family(rows).confirmatory is False
+
+
+# ------------------------------------------------------------------ a plan that reads the compute multiplier
+FAIR_B = 3.2e13
+FAIR_POINTS = (0.125, 0.25, 0.5, 1.0)
+# arm: (val loss A, FD A) of L(C) = E + A·(C/B)^−0.6, the floor shared, so M(B) = (A_mask0 / A_arm)^(1/0.6): mask75
+# 1.68 on both metrics (pays), mask75_then0 0.62 on both (does not pay), mask75_until_cosine 1.68 on val loss but 1 on
+# FD (the metrics disagree: undecided).
+FAIR_ARMS = {"mask0": (0.30, 0.30), "mask75": (0.22, 0.22), "mask75_then0": (0.40, 0.40),
+             "mask75_until_cosine": (0.22, 0.30)}
+MULTIPLIER_PAYS = "\n  ratio: compute multiplier\n  interval: above 1\n  metrics: all primary"
+
+
+def fair_rows(seeds: int = 4, scale: dict[str, float] | None = None) -> list[dict]:
+    """The fair study's design on synthetic curves: every arm at 1/8 ... 1 of B, each seed's amplitudes moved by
+    3% (its own training), each point by its sampling error (0.3% val loss, 1% FD), written 2026-12-04. `scale`
+    multiplies an arm's val loss at B (a curve that bends after B/2)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in range(seeds):
+        jitter = 1 + 0.03 * rng.normal()
+        for arm, (loss_a, fd_a) in FAIR_ARMS.items():
+            for point in FAIR_POINTS:
+                loss = (0.05 + loss_a * jitter * point**-0.6) * ((scale or {}).get(arm, 1.0) if point == 1.0 else 1.0)
+                fd = 50 + 1000 * fd_a * jitter * point**-0.6
+                rows.append(measured(f"{arm}-s{seed}", arm=arm, seed=seed, model="micro_s", batch_size=64,
+                                     budget_flops=FAIR_B, point=point, train_flops=point * FAIR_B, gpu_hours=point,
+                                     val_loss=loss * (1 + 0.003 * rng.normal()), val_loss_se=0.003 * loss,
+                                     fid=fd * (1 + 0.01 * rng.normal()), fid_se=0.01 * fd, fid_n=2048,
+                                     fid_features="oracle-synth-v1", precision="fp32", draw_scheme="crn-v3",
+                                     created_at="2026-12-04T00:00:00+00:00"))
+    return rows
+
+
+@pytest.fixture
+def fair(tmp_path) -> Path:
+    folder = tmp_path / "fair"
+    append_rows(folder / "leaderboard.csv", fair_rows())
+    write_plan(folder, written="2026-12-03T07:17:00+00:00", pays=MULTIPLIER_PAYS,
+               prediction_fails="paired relative error")
+    return folder
+
+
+def test_a_compute_multiplier_plan_tests_the_difference_and_m_at_b_holm_across_the_12(fair):
+    """T1 (the difference at B) and T2 (log M(B)) per arm and metric, 3 arms × 2 metrics × 2 = 12 tests, Holm
+    across them by hand; the compute-to-target ratios carry no p adj (not in the family)."""
+    from maskbench.results.estimators import holm
+    from maskbench.results.multiplicity import MULTIPLIER, correct_study
+    from maskbench.results.scaling import fit_groups
+    from maskbench.results.summary import summarize
+
+    plan = load_plan(fair / "PLAN.md")
+    rows = read_rows([fair / "leaderboard.csv"])
+    family = plan.family(rows)
+    assert (plan.rule, plan.pays, family.rule, family.confirmatory) == (MULTIPLIER, "train_flops", MULTIPLIER, True)
+    summary, fits = summarize(rows, "mask0", family.compared()), fit_groups(rows, "mask0", rule=plan.prediction_fails)
+    first = [(r.arm, m, c.difference.p) for r in summary for m, c in r.comparisons.items()]
+    second = [(arm.arm, fit.metric, arm.multipliers[-1].p) for fit in fits for arm in fit.arms if arm.multipliers]
+    assert len(first) == len(second) == 6
+    by_hand = dict(zip([(arm, m, test) for test, found in (("T1", first), ("T2", second)) for arm, m, _ in found],
+                       holm([p for found in (first, second) for *_, p in found])))
+    corrected, refitted, tests = correct_study(summary, fits, family)
+    assert tests == 12
+    for r in corrected:
+        for metric, c in r.comparisons.items():
+            assert c.difference.p_adj == pytest.approx(by_hand[r.arm, metric, "T1"])
+            assert all(t.ratios["train_flops"].p_adj == t.ratios["train_flops"].p or t.ratios["train_flops"].bound
+                       for t in c.targets)  # untouched: the ratios are not in the family
+    for fit in refitted:
+        for arm in fit.arms[1:]:
+            assert arm.multipliers[-1].p_adj == pytest.approx(by_hand[arm.arm, fit.metric, "T2"])
+            assert all(m.p_adj == m.p for m in arm.multipliers[:-1])  # other horizons: reported, not tested
+
+
+def test_the_compute_multiplier_verdict_is_printed_per_arm_with_the_metrics_disagreement(fair, capsys):
+    assert leaderboard_main([str(fair / "leaderboard.csv")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "holm across the 12 tests it reads; pays: compute multiplier M(B) above 1" in lines[0]
+    assert "before every row: its planned readings are confirmatory" in lines[0]
+    # the isotonic ratios are printed, untested: no p adj, no verdict, no pays column
+    assert "Compute to reach mask0's value at each of its horizons (reported, not tested):" in out
+    targets = lines[lines.index("Compute to reach mask0's value at each of its horizons (reported, not tested):") + 1]
+    assert "p adj" not in targets and "pays" not in targets and targets.rstrip().endswith("reading")
+    assert "FLOPs ratio at horizon" not in out  # no disagreement read off untested ratios
+    group = "synth/micro_s/b64/3.2e+13"
+    verdicts = {line.split(": ")[1].split(" at B")[0].split()[-1]: line.split(": ")[2]
+                for line in lines if line.startswith(f"verdict: {group}")}
+    assert verdicts == {"mask75": "pays", "mask75_then0": "does not pay", "mask75_until_cosine": "undecided"}
+    assert f"disagree: {group} mask75_until_cosine: M(B): undecided on FD, above 1 on val loss" in lines
+    assert not any(line.startswith(f"disagree: {group} mask75:") for line in lines)
+    table = lines[lines.index(next(line for line in lines if line.startswith("The plan's verdict at B"))) + 1:]
+    assert table[0].split()[:4] == ["group", "arm", "metric", "Δ"] and "M p adj" in table[0]
+    pays = [line for line in table if line.startswith(f"{group}  mask75 ")]
+    assert len(pays) == 2 and all(re.search(r"above 1 +held +pays +confirmatory$", line) for line in pays)
+    assert all(re.search(r"below 1 +held +does not pay +confirmatory$", line)
+               for line in table if line.startswith(f"{group}  mask75_then0 "))
+    assert leaderboard_main([str(fair / "leaderboard.csv")], "csv") == 0
+    captured = capsys.readouterr()
+    assert "The plan's verdict" not in captured.out and f"verdict: {group} mask75 at B" in captured.err
+    assert "not tested" in captured.out  # the CSV's ratio verdicts
+
+
+def test_a_failed_held_out_prediction_or_an_undetected_gap_keeps_an_arm_from_paying(tmp_path, capsys):
+    """mask75's val loss at B 15% below its curve: M(B) still above 1 and the difference lower, but its held-out
+    prediction fails (more than 5%, told from 0), so it is undecided, not "pays"."""
+    folder = tmp_path / "fair"
+    append_rows(folder / "leaderboard.csv", fair_rows(scale={"mask75": 0.85}))
+    write_plan(folder, written="2026-12-03T07:17:00+00:00", pays=MULTIPLIER_PAYS,
+               prediction_fails="paired relative error")
+    assert leaderboard_main([str(folder / "leaderboard.csv")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (line,) = [line for line in lines if line.startswith("verdict: synth/micro_s/b64/3.2e+13 mask75 at B")]
+    assert ": undecided: " in line and "val loss: held-out prediction failed" in line
+    assert ("disagree: synth/micro_s/b64/3.2e+13 mask75: the held-out check: held on FD, failed on val loss"
+            in lines)
+
+
+def test_a_gap_under_two_combined_sampling_errors_is_not_detected():
+    """Δ = −1 on every seed but one (a significant paired test); with sampling errors of 1 on each side over 4
+    pairs the combined SE of Δ is √(4·1/16 + 4·1/16) = 0.71: a gap of 1 is under 2 of them."""
+    from maskbench.results.estimators import paired_difference
+    from maskbench.results.multiplicity import detected_difference
+
+    base = [100.0, 110.0, 120.0, 130.0]
+    found = paired_difference([b - 1 for b in base[:3]] + [base[3] - 1.1], base, arm_se=[1.0] * 4, base_se=[1.0] * 4)
+    assert found.verdict == "better" and found.eval_se == pytest.approx(2**-0.5)
+    assert detected_difference(found).verdict.startswith("not detected: |Δ| 1.02 is under 2 combined sampling errors")
+    wide = paired_difference([b - 3 for b in base[:3]] + [base[3] - 3.1], base, arm_se=[1.0] * 4, base_se=[1.0] * 4)
+    assert detected_difference(wide).verdict == "better"
+    assert detected_difference(paired_difference([99.0, 108.9, 119.0], base[:3])).verdict == "better"  # no SEs
+
+
+def test_the_same_rows_under_a_flops_plan_are_read_as_before(fair, capsys):
+    """The older rule on the same rows: every ratio tested, "pays" off the ratios, no compute-multiplier verdict."""
+    write_plan(fair, written="2026-12-03T07:17:00+00:00", prediction_fails="paired relative error")
+    assert leaderboard_main([str(fair / "leaderboard.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "holm across the 12 tests" not in out.splitlines()[0] and "pays: FLOPs ratio below 1" in out.splitlines()[0]
+    assert "The plan's verdict" not in out and "(reported, not tested)" not in out
+    assert "FD p adj" in out
+
+
+@pytest.mark.parametrize(("pays", "message"), [
+    ("\n  ratio: compute multiplier\n  interval: below 1\n  metrics: all primary",
+     "pays.interval: this report applies 'above 1' only, got 'below 1'"),
+    ("\n  ratio: flops\n  interval: above 1\n  metrics: all primary",
+     "pays.interval: this report applies 'below 1' only, got 'above 1'"),
+])
+def test_the_interval_must_match_the_ratio(study, pays, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_plan(write_plan(study, pays=pays))
+
+
+def test_a_compute_multiplier_plan_needs_metrics_that_fall(study):
+    with pytest.raises(ValueError, match="primary metric\\(s\\) align_acc rise as training goes on"):
+        load_plan(write_plan(study, pays=MULTIPLIER_PAYS, primary_metrics="[val_loss, align_acc]"))
+
+
+def test_every_committed_plan_parses_and_only_the_fair_one_reads_the_multiplier():
+    from maskbench.results.multiplicity import MULTIPLIER, RATIO
+
+    rules = {name: load_plan(REPO / "results" / name / "PLAN.md") for name in ("powered", "crossover", "plateau", "fair")}
+    assert {name: (plan.rule, plan.pays) for name, plan in rules.items()} == {
+        "powered": (RATIO, "train_flops"), "crossover": (RATIO, "train_flops"), "plateau": (RATIO, "train_flops"),
+        "fair": (MULTIPLIER, "train_flops")}
+    text = (REPO / "results" / "fair" / "PLAN.md").read_text(encoding="utf-8")
+    assert re.search(r"\nFront matter amended \(\d{4}-\d\d-\d\d \d\d:\d\d UTC, before any row\): it now encodes the "
+                     r"tests and the verdict the prose above states; the prose is unchanged\.\n$", text)

@@ -14,6 +14,11 @@ both read off the runs' monotone fits (`targets.seed_ratio`). ratio < 1: masking
 with less compute. A ratio is only bounded when the masked run is there at its first point (<=) or never
 (>); the cell then says so instead of pretending to a value. The cell's ratio is the geometric mean over
 seeds with a Student-t interval on log ratio (ratios multiply, so their logs are what averages).
+
+As in the summary (`summary.paired_by_condition`, `multiplicity.correct`): a seed whose two runs differ in a
+condition (device, precision, draw scheme) is left out of its cells, and a note says so; where the baseline's
+fit pools two horizons on every seed (its curve went back up), the later one's targets and ratios are the
+earlier one's (`Reading.repeats`), one test counted once in the correction.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from maskbench.results.estimators import (
 )
 from maskbench.results.leaderboard import Row
 from maskbench.results.multiplicity import EXPLORATORY, Family, adjust, corrected_difference
-from maskbench.results.summary import source_family
+from maskbench.results.summary import paired_by_condition, source_family
 from maskbench.results.targets import horizon_target, seed_ratio
 
 if TYPE_CHECKING:  # matplotlib loads only when a map is drawn
@@ -55,6 +60,8 @@ class Reading:
     ratio: Ratio                   # per-seed FLOPs ratios (or their bounds): geometric mean, log t-interval, p
     difference: Difference | None  # masked − baseline at the horizon, paired by seed, with its verdict
                                    # (None when the masked arm has no eval point at that horizon)
+    repeats: float | None = None   # the earlier horizon whose per-seed targets (so ratio) these are, if any
+    targets: tuple[float, ...] = ()  # the per-seed targets
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,10 @@ class Cell:
     batch_size: int
     point: float                  # horizon as a fraction of the budget
     horizon_flops: float          # the baseline's mean train FLOPs at that point
-    n: int                        # seeds with both arms
+    n: int                        # seeds with both arms, run under the same conditions
     readings: dict[str, Reading]  # by metric: FD and val loss (and a plan's primary metrics), where measured
+    group: tuple = ()             # (dataset, model, batch size, budget, start): the runs the cell reads
+    notes: tuple[str, ...] = ()   # seeds left out because their runs' conditions differ
 
 
 def crossover_cells(rows: Sequence[Row], arm: str = "mask75", baseline: str = "mask0",
@@ -87,8 +96,13 @@ def crossover_cells(rows: Sequence[Row], arm: str = "mask75", baseline: str = "m
     for key in sorted(runs, key=lambda k: (k[0], _first(runs[k])["params"], *k[1:])):
         by_arm = runs[key]
         seeds = sorted(set(by_arm[arm]) & set(by_arm[baseline]))
+        kept, _, warning = paired_by_condition([by_arm[arm][s][0] for s in seeds],
+                                               [by_arm[baseline][s][0] for s in seeds], baseline)
+        seeds = sorted(row["seed"] for row in kept)
+        notes = (f"{key[1]} b{key[2]}: {arm}: {warning}",) if warning else ()
         if seeds:
-            cells.extend(_cells(by_arm[baseline], by_arm[arm], seeds, metrics, level))
+            cells.extend(replace(cell, group=key, notes=notes)
+                         for cell in _cells(by_arm[baseline], by_arm[arm], seeds, metrics, level))
     return cells
 
 
@@ -101,55 +115,69 @@ def _cells(base: dict[int, list[Row]], masked: dict[int, list[Row]], seeds: list
     """The cells of one (model, batch, budget) pair of runs: one per baseline eval point all seeds have."""
     points = sorted(set.intersection(*({r["point"] for r in base[s]} for s in seeds)))
     first = base[seeds[0]][0]
-    cells = []
+    cells, earlier = [], {}  # per metric, the last horizon read and its reading (a repeat is read against it)
     for point in points:
         flops = [next(r["train_flops"] for r in base[s] if r["point"] == point) for s in seeds]
-        readings = {metric: _reading(base, masked, seeds, metric, point, level) for metric in metrics}
+        readings = {metric: _reading(base, masked, seeds, metric, point, level, earlier.get(metric))
+                    for metric in metrics}
+        readings = {metric: r for metric, r in readings.items() if r is not None}
+        earlier.update({metric: (point, r) for metric, r in readings.items()})
         cells.append(Cell(model=first["model"], params=first["params"], batch_size=first["batch_size"],
-                          point=point, horizon_flops=float(np.mean(flops)), n=len(seeds),
-                          readings={metric: r for metric, r in readings.items() if r is not None}))
+                          point=point, horizon_flops=float(np.mean(flops)), n=len(seeds), readings=readings))
     return cells
 
 
 def _reading(base: dict[int, list[Row]], masked: dict[int, list[Row]], seeds: list[int], metric: str,
-             point: float, level: float) -> Reading | None:
+             point: float, level: float, earlier: tuple[float, Reading] | None = None) -> Reading | None:
     """One metric at one horizon: per-seed ratios and the paired difference there; None where a seed's
-    baseline has no value of the metric at the horizon."""
+    baseline has no value of the metric at the horizon. Where every seed's target is the `earlier` reading's
+    (the previous horizon's: the baseline's fit pooled the two), the ratio is that one's and `repeats` names
+    the horizon it was first read at."""
     at = [next(r for r in base[s] if r["point"] == point) for s in seeds]
     if any(r[metric] is None for r in at):
         return None
-    readings = [seed_ratio(masked[s], base[s], metric, "train_flops", horizon_target(base[s], metric, point))
-                for s in seeds]
-    ratio = ratio_summary([r for r, _ in readings], level, [bound for _, bound in readings])
+    targets = tuple(horizon_target(base[s], metric, point) for s in seeds)
+    if earlier is not None and earlier[1].targets == targets:
+        before, reading = earlier
+        ratio, repeats = reading.ratio, before if reading.repeats is None else reading.repeats
+    else:
+        readings = [seed_ratio(masked[s], base[s], metric, "train_flops", target) for s, target in zip(seeds, targets)]
+        ratio, repeats = ratio_summary([r for r, _ in readings], level, [bound for _, bound in readings]), None
     if ratio is None:
         return None
     same = [next((r for r in masked[s] if r["point"] == point and r[metric] is not None), None) for s in seeds]
     difference = None if None in same else paired_difference(
         [r[metric] for r in same], [r[metric] for r in at], get_metric(metric).lower_is_better, level,
         arm_se=sampling_ses(same, metric), base_se=sampling_ses(at, metric))
-    return Reading(ratio, difference)
+    return Reading(ratio, difference, repeats, targets)
 
 
 def correct_cells(cells: Sequence[Cell], family: Family) -> tuple[list[Cell], int]:
     """The cells with the p-values of the family's tests adjusted together (`multiplicity.adjust`), each
     difference's verdict re-read at the corrected p, and the number of tests in the family: per cell and
-    planned metric, the FLOPs ratio (when FLOPs is the plan's compute axis) and the paired difference."""
+    planned metric, the FLOPs ratio (when FLOPs is the plan's compute axis) and the paired difference. A
+    ratio that repeats an earlier horizon's (`Reading.repeats`) is that test, counted once: it takes the
+    corrected p of the horizon it repeats."""
     def planned_ps(metric: str, reading: Reading) -> list[float]:
-        return [reading.ratio.p if family.planned(metric, "train_flops") else math.nan,
-                reading.difference.p if reading.difference else math.nan]
+        tested = family.planned(metric, "train_flops") and reading.repeats is None
+        return [reading.ratio.p if tested else math.nan, reading.difference.p if reading.difference else math.nan]
 
     pvalues = [p for cell in cells for metric, reading in cell.readings.items() if family.planned(metric)
                for p in planned_ps(metric, reading)]
     adjusted = iter(adjust(pvalues, family))
-    out = []
+    out, corrected = [], {}  # corrected: (group, metric, horizon) -> the ratio's corrected p
     for cell in cells:
         readings = {}
         for metric, reading in cell.readings.items():
             if family.planned(metric):
                 ratio_p, difference_p = float(next(adjusted)), next(adjusted)
-                reading = Reading(
-                    replace(reading.ratio, p_adj=ratio_p) if family.planned(metric, "train_flops") else reading.ratio,
-                    reading.difference and corrected_difference(reading.difference, difference_p, family))
+                if reading.repeats is not None:
+                    ratio_p = corrected.get((cell.group, metric, reading.repeats), ratio_p)
+                corrected[cell.group, metric, cell.point] = ratio_p
+                reading = replace(
+                    reading,
+                    ratio=replace(reading.ratio, p_adj=ratio_p) if family.planned(metric, "train_flops") else reading.ratio,
+                    difference=reading.difference and corrected_difference(reading.difference, difference_p, family))
             readings[metric] = reading
         out.append(replace(cell, readings=readings))
     return out, int(np.sum(~np.isnan(np.asarray(pvalues, dtype=float))))
@@ -176,7 +204,10 @@ CROSSOVER_NOTE = (
     "point), > a lower bound (a masked run never got there), neither tested. p adj: its p after the plan's "
     "correction ({method}). ratio verdict: pays when the ratio is below 1 with p adj < {alpha:g}, does not pay "
     "when above 1 likewise, undecided otherwise; a bound gets no verdict, only what it is: 'not reached (k/n)' "
-    "(k of n seeds' masked runs never got there) or 'reached at first point'. Δ: masked − baseline at the "
+    "(k of n seeds' masked runs never got there) or 'reached at first point'. (= h): the baseline's fit pooled "
+    "this horizon with horizon h on every seed, so its targets and ratio are h's, one test counted once. A seed "
+    "whose two runs differ in device, precision or draw scheme is left out of its cells (a line above says "
+    "which). Δ: masked − baseline at the "
     "horizon, paired t-interval. pays: the ratio pays on every one of {pays_on}, does not pay when it does not "
     "on one of them, undecided otherwise. metrics: whether the metrics' verdicts point the same way. In pays "
     "and metrics a bound counts as undecided.")
@@ -200,8 +231,9 @@ def render_cells(cells: Sequence[Cell], family: Family = EXPLORATORY) -> str:
                      + " | ".join(cells_of_metrics)
                      + f" | {family.pays(verdicts)} | {_agreement(c, family.alpha)} | {', '.join(reading)} |")
     pays_on = " and ".join(get_metric(m).label for m in (family.metrics or CO_PRIMARY))
-    return "\n".join(lines + ["", CROSSOVER_NOTE.format(pct=pct, method=family.method, alpha=family.alpha,
-                                                        pays_on=pays_on)])
+    notes = list(dict.fromkeys(note for c in cells for note in c.notes))
+    return "\n".join(lines + ["", *notes, *([""] if notes else []),
+                              CROSSOVER_NOTE.format(pct=pct, method=family.method, alpha=family.alpha, pays_on=pays_on)])
 
 
 def _metric_cells(reading: Reading | None, alpha: float) -> list[str]:
@@ -212,7 +244,9 @@ def _metric_cells(reading: Reading | None, alpha: float) -> list[str]:
     ci = "" if math.isnan(r.lo) else f" ({r.lo:.2f}–{r.hi:.2f})"
     p_adj = "" if math.isnan(r.p_adj) else f"{r.p_adj:.2g}"
     diff = "" if d is None else f"{d.mean:.4g}" + ("" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]")
-    return [f"{r.bound}{r.geomean:.2f}{ci}", p_adj, ratio_verdict(r, alpha), diff, "" if d is None else d.verdict]
+    repeats = "" if reading.repeats is None else f" (= {reading.repeats:g})"
+    return [f"{r.bound}{r.geomean:.2f}{ci}{repeats}", p_adj, ratio_verdict(r, alpha), diff,
+            "" if d is None else d.verdict]
 
 
 BOUND_MARKERS = {"": "o", ">": "^", "<=": "v"}  # a value; a lower bound (at least); an upper bound (at most)

@@ -4,12 +4,16 @@ The question maskbench answers is comparative (does an arm beat the unmasked bas
 compute?), so every figure carries its uncertainty: means over seeds with Student-t intervals
 (`mean_ci`), and comparisons against the baseline. Arms run with the same seed share the initial
 weights, the data order and the evaluation noise, so a comparison pairs them by seed
-(`paired_difference`: per-seed differences, a paired t-interval, a bootstrap interval, the minimum
-detectable effect and a verdict that claims no more than the interval); rows that do not pair fall back
-to Welch's unpaired test (`welch_difference`). Rows may carry each metric's own sampling error
-(`<metric>_se`, `sampling_se`): comparisons then say how much of the seed-to-seed spread it explains,
-and the minimum detectable effect uses the larger of the two. Per-seed compute-to-target ratios are
-summarised on the log scale (`ratio_summary`), and a plan's p-values adjusted together by `holm`.
+(`paired_difference`: per-seed differences, a paired t-interval, the minimum detectable effect and a
+verdict that claims no more than the interval); rows that do not pair fall back to Welch's unpaired test
+(`welch_difference`). Studies have 3 to 5 seeds: Student-t intervals are exact for normal differences at
+any n, while a percentile bootstrap over so few pairs is too narrow (it resamples to a handful of
+distinct means and ignores the t quantile), so there is none. A zero spread over seeds gives no p at all
+(never p = 0, which a correction would read as infinitely significant). Rows may carry each metric's
+own sampling error (`<metric>_se`, `sampling_se`): comparisons then say how much of the seed-to-seed
+spread it explains, the minimum detectable effect uses the larger of the two, and fits along one run's
+curve weight its points by it (`curve_errors`). Per-seed compute-to-target ratios are summarised on the
+log scale (`ratio_summary`), and a plan's p-values adjusted together by `holm`.
 `debiased_cosine` serves the gradient-fidelity probe (`maskbench probe gradfid`).
 """
 
@@ -43,7 +47,13 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> Estimate:
     if x.size == 1:
         return float(x[0]), math.nan
     quantile = scipy.stats.t.ppf((1 + level) / 2, df=x.size - 1)
-    return float(x.mean()), float(quantile * scipy.stats.sem(x))
+    return float(x.mean()), float(quantile * _sem(x))
+
+
+def _sem(x: np.ndarray) -> float:
+    """s/√n, as scipy.stats.sem gives it (without its input checks, which cost milliseconds a call: a
+    leaderboard with its compute curves summarises hundreds of sets of per-seed figures)."""
+    return float(x.std(ddof=1) / math.sqrt(x.size))
 
 
 def sampling_se(row: Row, metric: str) -> float | None:
@@ -63,10 +73,33 @@ def sampling_ses(rows: Sequence[Row], metric: str) -> list[float] | None:
     return None if None in found else found
 
 
+# The metrics scored on the generated samples, whose count each row records in `fid_n`. Validation loss is
+# scored on the held-out set, whose size the rows do not record.
+SAMPLE_COUNT = {"fid": "fid_n", "fd_dinov2": "fid_n", "clip_score": "fid_n", "align_acc": "fid_n"}
+
+
+def curve_errors(rows: Sequence[Row], metric: str) -> list[float] | None:
+    """The sampling errors to weight the points of one run's curve by (rows in curve order), or None for
+    equal weights; a ValueError when neither is right.
+
+    A figure scored on 256 samples is far noisier than one on 2,048 (FD 1,589 against 179 for one model),
+    so a fit along a curve that mixes them must weight each point by 1/SE². Rows without positive errors
+    (older rows; a binomial error of 0 at accuracy 0 or 1) get equal weights, which is right only when
+    every point was scored on the same number of samples: a curve whose sample counts differ and which
+    carries no errors is refused, not pooled.
+    """
+    errors = sampling_ses(rows, metric)
+    if errors is not None and all(error > 0 for error in errors):
+        return errors
+    counts = sorted({row.get(SAMPLE_COUNT[metric]) or 0 for row in rows}) if metric in SAMPLE_COUNT else []
+    if len(counts) > 1:
+        raise ValueError(f"run {rows[0]['run_id']}: its {metric} points were scored on different numbers of samples "
+                         f"({SAMPLE_COUNT[metric]} {', '.join(map(str, counts))}) and do not all carry a positive "
+                         f"{metric}_se to weight them by: one fit cannot pool them")
+    return None
+
+
 POWER = 0.80                 # the power at which the minimum detectable effect is stated
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0           # fixed: the same CSV always prints the same bootstrap interval
-MIN_BOOTSTRAP = 3            # fewer pairs resample to a handful of distinct means: no interval shown
 
 
 @dataclass(frozen=True)
@@ -76,10 +109,10 @@ class Difference:
     `test` is "paired" (per-seed differences d_i; n = n_base = pairs) or "welch" (two independent
     samples; n and n_base are their sizes). `mean` is the mean difference (paired: mean of d_i, which
     equals the difference of the means). lo/hi is the two-sided t-interval, NaN (and p, mde NaN) when
-    there is none. `boot` is the bootstrap percentile interval of the mean difference, paired only
-    and only with at least MIN_BOOTSTRAP pairs. `se` is the standard error of `mean` from the seeds'
-    spread, `eval_se` the one the rows' own sampling errors alone imply (`eval_se_of_difference`; NaN
-    without them). `p_adj` is p after the plan's multiplicity correction (`correct`; p without one).
+    there is none; a zero spread over seeds makes it zero-wide, with p NaN (1 when the mean is 0 too) and
+    an inconclusive verdict. `se` is the standard error of `mean` from the seeds' spread, `eval_se` the
+    one the rows' own sampling errors alone imply (`eval_se_of_difference`; NaN without them). `p_adj` is
+    p after the plan's multiplicity correction (`correct`; p without one).
     """
     test: str
     n: int
@@ -90,7 +123,6 @@ class Difference:
     p: float
     mde: float
     verdict: str
-    boot: tuple[float, float] | None = None
     se: float = math.nan
     eval_se: float = math.nan
     p_adj: float = math.nan
@@ -108,8 +140,9 @@ def minimum_detectable_effect(se: float, df: float, level: float = 0.95, power: 
     way to report the statistical power of experimental designs", Evaluation Review 19(5), eq. 1;
     the usual normal-approximation power formula with t quantiles for the small-sample case). Paired:
     SE = s_d/√n, df = n − 1, so at 95% and 80% power MDE = (t_{0.975,n−1} + t_{0.80,n−1})·s_d/√n.
+    A zero SE (runs that agree exactly) says nothing about what they would detect: NaN.
     """
-    if not (df > 0 and math.isfinite(se)):
+    if not (df > 0 and math.isfinite(se) and se > 0):
         return math.nan
     return float((scipy.stats.t.ppf((1 + level) / 2, df) + scipy.stats.t.ppf(power, df)) * se)
 
@@ -140,33 +173,29 @@ def verdict(lo: float, hi: float, mde: float, lower_is_better: bool) -> str:
     "better" only if the whole interval lies strictly on the better side of 0 (below it when lower
     is better), "worse" only if it lies strictly on the other; an interval that touches or spans 0
     is "no difference detected", with the effect these runs would have detected (the MDE, at the
-    power it was computed for: POWER unless the caller chose another).
+    power it was computed for: POWER unless the caller chose another). A zero-wide interval comes from
+    runs whose differences are all the same: no spread to measure uncertainty by, so no verdict either way.
     """
     if math.isnan(lo) or math.isnan(hi):
         return "not tested: no interval from fewer than 2 runs"
+    if lo == hi:
+        return ZERO_SPREAD if lo != 0 else "no difference detected: zero spread, every difference is 0"
     below, above = hi < 0, lo > 0
     if below or above:
         return "better" if below == lower_is_better else "worse"
     return f"no difference detected; an effect larger than {mde:.3g} would have been detected"
 
 
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
-                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the mean (scipy.stats.bootstrap, a fixed seed), or None below
-    MIN_BOOTSTRAP values: three pairs resample to only 10 distinct multisets, fewer to 3 or 1."""
-    x = np.asarray(values, dtype=float)
-    if x.size < MIN_BOOTSTRAP:
-        return None
-    result = scipy.stats.bootstrap((x,), np.mean, n_resamples=resamples, confidence_level=level,
-                                   method="percentile", vectorized=True, rng=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+ZERO_SPREAD = "inconclusive: zero spread over seeds, so no interval width and no p"
 
 
 def _two_sided_p(mean: float, se: float, df: float) -> float:
-    """p of the two-sided t-test of mean = 0; with no spread (se = 0) 0 unless mean is 0 too."""
+    """p of the two-sided t-test of mean = 0. With no spread (se = 0) t is 0/0 or ±∞: p is 1 when the
+    mean is 0 too, and undefined (NaN) otherwise, never 0: a correction would read p = 0 as infinitely
+    significant, and Holm leaves a NaN out of its family."""
     if se > 0:
         return float(2 * scipy.stats.t.sf(abs(mean) / se, df))
-    return 0.0 if mean != 0 else math.nan
+    return 1.0 if mean == 0 else math.nan
 
 
 def paired_difference(arm: Sequence[float], base: Sequence[float], lower_is_better: bool = True,
@@ -177,8 +206,8 @@ def paired_difference(arm: Sequence[float], base: Sequence[float], lower_is_bett
     d_i = arm_i − base_i; interval d̄ ± t_{(1+level)/2, n−1} · s_d/√n (scipy.stats.ttest_rel's), p
     from t = d̄ / (s_d/√n) on n − 1 degrees of freedom, MDE as `minimum_detectable_effect` on the larger
     of s_d/√n and the eval-noise SE (`eval_se_of_difference`, from arm_se/base_se: the rows' sampling
-    errors, when they have them), and the bootstrap percentile interval of d̄ beside it. The verdict
-    reads the t-interval. One pair has no interval; identical differences (s_d = 0) give a zero-width one.
+    errors, when they have them). The verdict reads the t-interval. One pair has no interval; identical
+    differences (s_d = 0) give a zero-width one, no p and no verdict (`verdict`, `_two_sided_p`).
     """
     a, b = np.asarray(arm, dtype=float), np.asarray(base, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
@@ -194,7 +223,7 @@ def paired_difference(arm: Sequence[float], base: Sequence[float], lower_is_bett
         p = _two_sided_p(mean, se, n - 1)
         mde = _mde(se, eval_se, n - 1, level, power)
     return Difference("paired", n, n, mean, float(lo), float(hi), p, mde, verdict(lo, hi, mde, lower_is_better),
-                      bootstrap_ci(d, level), se=se, eval_se=eval_se, p_adj=p)
+                      se=se, eval_se=eval_se, p_adj=p)
 
 
 def welch_difference(arm: Sequence[float], base: Sequence[float], lower_is_better: bool = True,
@@ -206,7 +235,8 @@ def welch_difference(arm: Sequence[float], base: Sequence[float], lower_is_bette
     Welch–Satterthwaite df = (s_a²/n_a + s_b²/n_b)² / ((s_a²/n_a)²/(n_a−1) + (s_b²/n_b)²/(n_b−1)); p from
     t = (ā − b̄) / √(s_a²/n_a + s_b²/n_b) on that df (scipy.stats.ttest_ind(equal_var=False)'s); MDE the same
     formula on the larger of that SE and the eval-noise SE, with that df. Fewer than 2 runs on a side: no
-    interval.
+    interval; no spread on either side: a zero-width one, read as `paired_difference` reads it (df is then
+    n_a + n_b − 2, Welch's being 0/0).
     """
     a, b = np.asarray(arm, dtype=float), np.asarray(base, dtype=float)
     if a.size == 0 or b.size == 0:
@@ -217,15 +247,11 @@ def welch_difference(arm: Sequence[float], base: Sequence[float], lower_is_bette
     if a.size >= 2 and b.size >= 2:
         va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
         se = math.sqrt(va + vb)
-        if se > 0:
-            df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-            half = scipy.stats.t.ppf((1 + level) / 2, df) * se
-            lo, hi = mean - half, mean + half
-            p = _two_sided_p(mean, se, df)
-            mde = _mde(se, eval_se, df, level, power)
-        else:
-            lo = hi = mean
-            p, mde = (0.0 if mean else math.nan), 0.0
+        df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if se > 0 else a.size + b.size - 2
+        half = scipy.stats.t.ppf((1 + level) / 2, df) * se
+        lo, hi = mean - half, mean + half
+        p = _two_sided_p(mean, se, df)
+        mde = _mde(se, eval_se, df, level, power)
     return Difference("welch", int(a.size), int(b.size), mean, float(lo), float(hi), p, mde,
                       verdict(lo, hi, mde, lower_is_better), se=se, eval_se=eval_se, p_adj=p)
 
@@ -235,7 +261,8 @@ class Ratio:
     """Per-seed ratios of compute to a target, summarised on the log scale.
 
     `geomean` = exp(mean log r_i), lo/hi = exp(mean ± t_{(1+level)/2, n−1} · sd(log r)/√n) (NaN for one
-    seed), p the two-sided t-test of mean log r = 0 (ratio 1), `p_adj` that p after the plan's
+    seed), p the two-sided t-test of mean log r = 0 (ratio 1; NaN when every seed has the same ratio other
+    than 1: no spread, no test, as in `_two_sided_p`), `p_adj` that p after the plan's
     multiplicity correction (`correct`; p without one). When some seeds' ratios are only bounds
     (`seed_ratio`), so is the summary: `bound` ">" when `not_reached` > 0 seeds never reached the target
     (a lower bound), "<=" when some reached it at their first point (an upper bound); lo/hi are then
@@ -260,7 +287,7 @@ def ratio_summary(ratios: Sequence[float], level: float = 0.95, bounds: Sequence
     bound = ">" if ">" in bounds else "<=" if "<=" in bounds else ""
     logs = np.log(np.asarray(ratios, dtype=float))
     mean, half = mean_ci(logs, level)
-    p = _two_sided_p(mean, float(scipy.stats.sem(logs)), logs.size - 1) if logs.size > 1 and not bound else math.nan
+    p = _two_sided_p(mean, _sem(logs), logs.size - 1) if logs.size > 1 and not bound else math.nan
     return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(ratios), bounds.count(">"),
                  p=p, p_adj=p, bound=bound)
 

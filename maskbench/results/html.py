@@ -1,10 +1,13 @@
 """`maskbench leaderboard --html DIR`: one self-contained page per study, for people to read.
 
 A study is the rows of the leaderboard CSVs in one folder (`results/<study>/`); its page is
-DIR/<study>/report.html. It holds what the text report prints, in the same words and numbers (the
-plan line and `tables.render`'s tables and notes, cell for cell), each group's curves of every measured
-metric against FLOPs and GPU-hours with their error bars (`plots.group_curves`), and each arm's final
-sample grid side by side: the prompts and their noise are fixed by the eval config, never by the arm or
+DIR/<study>/report.html. It opens with one sentence generated from the verdicts (`headline`: the plan's
+verdict per arm at B under a compute-multiplier plan, else "pays" at the baseline's last horizon), never
+typed. It holds what the text report prints, in the same words and numbers (the plan line, `tables.render`'s
+tables and notes, cell for cell, the plan's verdict (`tables.render_verdicts`) where it reads the compute
+multiplier, and the compute curves (`tables.render_scaling`) with their fits drawn (`plots.plot_fits`) where
+a group has them), each group's curves of every measured metric against FLOPs and GPU-hours with their error
+bars (`plots.group_curves`), and each arm's final sample grid side by side: the prompts and their noise are fixed by the eval config, never by the arm or
 the seed, so the grids show the same prompts. A grid is read from its run directory (RUNS/<run_id>/);
 committed CSVs travel without them, so the page then says in one line which grids are missing.
 Everything is embedded (PNGs as base64 data URIs, the style inline): the file can be mailed or committed.
@@ -14,9 +17,10 @@ from __future__ import annotations
 
 import base64
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
@@ -25,10 +29,11 @@ from maskbench.config import PathsConfig
 from maskbench.eval.grid import GRID_FILE
 from maskbench.results import plots
 from maskbench.results.leaderboard import Row, read_rows
-from maskbench.results.multiplicity import Family, correct
-from maskbench.results.report import NO_PLAN, applied_plan
-from maskbench.results.summary import Summary, measured_groups, summarize
-from maskbench.results.tables import group_label, render
+from maskbench.results.multiplicity import ArmVerdict, Family
+from maskbench.results.report import NO_PLAN, analyse_rows, applied_plan
+from maskbench.results.scaling import GroupFit
+from maskbench.results.summary import Summary, measured_groups
+from maskbench.results.tables import group_label, headline, ratio_headline, render, render_scaling, render_verdicts
 from maskbench.train.checkpoint import RunDir
 
 PAGE = "report.html"
@@ -41,6 +46,7 @@ td.good { background: #dff0d8; } td.bad { background: #f2dede; }
 .scroll { overflow-x: auto; }
 img { max-width: 100%; } .scroll img { max-width: none; }
 p.missing { color: #a94442; }
+p.headline { font-size: 1.15em; font-weight: bold; }
 """
 GOOD, BAD = frozenset({"better", "pays"}), frozenset({"worse", "does not pay"})
 
@@ -55,17 +61,28 @@ class Study:
     family: Family
     baseline: str
     summary: list[Summary]
+    fits: list[GroupFit] = field(default_factory=list)
+    verdicts: list[ArmVerdict] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        """One sentence from the verdicts: the plan's verdict per arm at B (compute multiplier), else "pays"
+        on the compute-to-target ratio at the baseline's last horizon."""
+        return (headline(self.verdicts) or ratio_headline(self.summary, self.family)
+                or f"No arm of these rows has a comparison with {self.baseline}: no verdict.")
 
 
 def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | None, on_error: str) -> Study:
-    """The rows, plan, family and corrected summary, found as `report.leaderboard_main` finds them."""
+    """The rows, plan, family, corrected summary, compute curves and verdicts, found as
+    `report.leaderboard_main` finds them (`report.analyse_rows`)."""
     rows = read_rows(paths, on_error)
     if not rows:
         raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
     found, baseline, family = applied_plan(rows, paths, plan, baseline)
-    summary, tests = correct(summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
-    plan_line = found.describe(rows, tests) if found else NO_PLAN
-    return Study(name, list(paths), rows, plan_line, family, baseline, summary)
+    analysis = analyse_rows(rows, found, baseline, family)
+    plan_line = found.describe(rows, analysis.tests) if found else NO_PLAN
+    return Study(name, list(paths), rows, plan_line, family, baseline, analysis.summary, analysis.fits,
+                 analysis.verdicts)
 
 
 def studies(paths: Sequence[str]) -> dict[str, list[str]]:
@@ -100,11 +117,26 @@ def study_page(study: Study, runs: Path) -> str:
             f"<style>{STYLE}</style>\n</head>\n<body>\n<h1>{escape(title)}</h1>\n")
     source = (f"<p>{len(study.rows)} rows from {escape(', '.join(study.paths))}; written by maskbench "
               f"{__version__} (<code>maskbench leaderboard --html</code>).</p>\n")
-    parts = [head, source, f"<p>{escape(study.plan_line)}</p>\n",
-             "<h2>Verdicts</h2>\n", verdict_html(render(study.summary, "markdown", study.family)),
-             "<h2>Curves</h2>\n", curves_html(study), "<h2>Final samples</h2>\n", grids_html(study, runs),
-             "</body>\n</html>\n"]
+    parts = [head, f"<p class=\"headline\">{escape(study.headline)}</p>\n", source,
+             f"<p>{escape(study.plan_line)}</p>\n",
+             "<h2>Verdicts</h2>\n", verdict_html(render(study.summary, "markdown", study.family))]
+    if study.verdicts:
+        parts += ["<h2>The plan's verdict</h2>\n", verdict_html(render_verdicts(study.verdicts, "markdown",
+                                                                                   study.family))]
+    if study.fits:
+        parts += ["<h2>Compute curves</h2>\n", fits_html(study)]
+    parts += ["<h2>Curves</h2>\n", curves_html(study), "<h2>Final samples</h2>\n", grids_html(study, runs),
+              "</body>\n</html>\n"]
     return "".join(parts)
+
+
+def fits_html(study: Study) -> str:
+    """The compute curves block (`tables.render_scaling`, as the text report prints it) and their fits drawn
+    (`plots.plot_fits`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plots.plot_fits(study.fits, study.summary, Path(tmp) / "curves.png").read_bytes()
+    return (verdict_html(render_scaling(study.fits, "markdown", 1 - study.family.alpha))
+            + f"{_img(png, 'compute curves with their fits')}\n")
 
 
 def verdict_html(markdown: str) -> str:

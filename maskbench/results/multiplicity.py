@@ -3,6 +3,19 @@
 FD and validation loss are co-primary (`CO_PRIMARY`): every verdict is given on both. A study's plan
 (`Family`) names the tests it reads verdicts from; `correct` adjusts their p-values together (Holm) and
 every other reading is labelled exploratory.
+
+A plan reads "pays" by one of two rules (`Family.rule`):
+
+- `RATIO` (the older plans'): the tests are, per arm and planned metric, the difference at the final point
+  and the isotonic compute-to-target ratio at each of the baseline's horizons; an arm pays where that ratio
+  lies below 1 on every planned metric (`Family.pays`).
+- `MULTIPLIER` (`pays.ratio: compute multiplier` in PLAN.md, results/fair/PLAN.md's): the tests are, per arm
+  and planned metric, T1 the paired difference arm − baseline at B (the largest budget point) and T2 log M(B)
+  of the compute curves fitted on every horizon against 0 (`scaling.ArmFit.multipliers[-1]`), corrected
+  together (`correct_study`); compute-to-target ratios are reported, not tested. An arm pays at B when, after
+  the correction, M(B) lies above 1 on every planned metric, T1 points the same way (the arm better on every
+  one, by a gap of at least 2 combined sampling errors) and no held-out prediction of its curves failed; it
+  does not pay when M(B) lies below 1 on any; otherwise it is undecided (`multiplier_verdicts`).
 """
 
 from __future__ import annotations
@@ -13,21 +26,28 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from maskbench.metrics import CO_PRIMARY
-from maskbench.results.estimators import Difference, holm
+from maskbench.metrics import CO_PRIMARY, get_metric
+from maskbench.results.estimators import Difference, Ratio, holm
+from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import Comparison, Summary
 
 CORRECTIONS = ("holm", "none")
+RATIO = "compute-to-target ratio"    # the older rule: isotonic ratios tested, pays below 1
+MULTIPLIER = "compute multiplier"    # T1 + T2, pays when M(B) lies above 1 (results/fair/PLAN.md)
+RULES = (RATIO, MULTIPLIER)
+M_AXIS = "M"                         # `Family.planned`'s compute for T2, the compute multiplier at B
+DETECTED_SES = 2.0                   # a gap under this many combined sampling errors is "not detected"
 
 
 @dataclass(frozen=True)
 class Family:
     """The tests a study's plan reads verdicts from, corrected together; every other reading explores.
 
-    A test is planned when its metric is one of `metrics` (and, for a compute-to-target ratio, when it
-    is on the `compute` axis); the family is every planned test a report prints (per arm or cell and
-    planned metric: the paired difference, and the ratio at each target), across arms, horizons, cells
-    and metrics, adjusted by `method` at `alpha`. Holm assumes nothing about how the tests depend on each
+    A test is planned when its metric is one of `metrics` and, under the `RATIO` rule, for a compute-to-target
+    ratio, when it is on the `compute` axis: the family is every planned test a report prints (per arm or cell
+    and planned metric: the paired difference, and the ratio at each target), across arms, horizons, cells
+    and metrics, adjusted by `method` at `alpha`. Under the `MULTIPLIER` rule no ratio is planned: the family
+    is the difference at B and M(B) (compute `M_AXIS`) per arm and planned metric (`correct_study`). Holm assumes nothing about how the tests depend on each
     other; correcting across the metrics too is cautious when "pays" needs every one of them, but keeps
     each metric's own verdict (better / worse) honest as well. `confirmatory` is True only when the plan
     was written before every row it reads; otherwise even its planned readings are exploratory. Without a
@@ -38,9 +58,18 @@ class Family:
     method: str = "none"
     alpha: float = 0.05
     confirmatory: bool = False
+    rule: str = RATIO
 
     def planned(self, metric: str, compute: str | None = None) -> bool:
-        return metric in self.metrics and compute in (None, self.compute)
+        """Whether the family tests this reading: the difference (compute None), a ratio on `compute`
+        (`RATIO` rule) or M(B) (compute `M_AXIS`, `MULTIPLIER` rule)."""
+        axis = M_AXIS if self.rule == MULTIPLIER else self.compute
+        return metric in self.metrics and compute in (None, axis)
+
+    @property
+    def tests_ratios(self) -> bool:
+        """Whether compute-to-target ratios are tested (the `RATIO` rule) or only reported."""
+        return self.rule == RATIO
 
     def reading(self, metric: str, compute: str | None = None) -> str:
         """The label of a reading: "confirmatory" (planned, plan before the data) or "exploratory"."""
@@ -79,7 +108,8 @@ def corrected_difference(difference: Difference, p_adj: float, family: Family) -
 def correct(summary: Sequence[Summary], family: Family) -> tuple[list[Summary], int]:
     """The summary with the p-values of the family's tests adjusted together (`adjust`), each difference's
     verdict re-read at the corrected p, and the number of tests in the family: for every arm and planned
-    metric, the difference at the final point and the ratio on the planned compute axis at each target."""
+    metric, the difference at the final point and the ratio on the planned compute axis at each target,
+    a target that repeats an earlier horizon's (`Target.repeats`) counted once."""
     planned = [c for record in summary for metric, c in record.comparisons.items() if family.planned(metric)]
     pvalues = [p for c in planned for p in _planned_ps(c, family.compute)]
     adjusted = iter(adjust(pvalues, family))
@@ -89,15 +119,186 @@ def correct(summary: Sequence[Summary], family: Family) -> tuple[list[Summary], 
 
 
 def _planned_ps(c: Comparison, compute: str) -> list[float]:
-    """A comparison's planned p-values: its difference's, then its ratio's on `compute` at each target."""
-    return [c.difference.p, *(t.ratios[compute].p if t.ratios.get(compute) else math.nan for t in c.targets)]
+    """A comparison's planned p-values: its difference's, then its ratio's on `compute` at each target (NaN,
+    out of the family, where the target repeats an earlier horizon's: that test is already in it)."""
+    return [c.difference.p, *(t.ratios[compute].p if t.ratios.get(compute) and t.repeats is None else math.nan
+                              for t in c.targets)]
 
 
 def _adjusted(c: Comparison, p_adj: Iterator[float], family: Family) -> Comparison:
-    """The comparison with its planned tests' corrected p-values, taken from p_adj in `_planned_ps` order."""
+    """The comparison with its planned tests' corrected p-values, taken from p_adj in `_planned_ps` order; a
+    repeated target takes the corrected p of the horizon it repeats."""
     difference = corrected_difference(c.difference, next(p_adj), family)
-    targets = []
+    targets, corrected = [], {}
     for target in c.targets:
         ratio, p = target.ratios.get(family.compute), float(next(p_adj))
+        p = corrected[target.point] = corrected.get(target.repeats, p)
         targets.append(replace(target, ratios={**target.ratios, family.compute: ratio and replace(ratio, p_adj=p)}))
     return replace(c, difference=difference, targets=tuple(targets))
+
+
+# ------------------------------------------------------------------------ the compute-multiplier rule
+def correct_study(summary: Sequence[Summary], fits: Sequence[GroupFit],
+                  family: Family) -> tuple[list[Summary], list[GroupFit], int]:
+    """The summary and the compute curves with the family's tests corrected together, and how many there are.
+
+    Under the `RATIO` rule this is `correct` (the fits carry no test). Under `MULTIPLIER` the family is, per
+    arm and planned metric, T1 the difference at the final point (B) and T2 log M(B) of the fit on every
+    horizon (`ArmFit.multipliers[-1]`), adjusted together (Holm across T1 and T2); nothing else is tested.
+    Each difference's verdict is re-read at its corrected p (`corrected_difference`) and then, where its gap
+    is under DETECTED_SES combined sampling errors, said to be not detected (`detected_difference`); M(B)
+    takes its corrected p as `p_adj`."""
+    if family.rule != MULTIPLIER:
+        corrected, tests = correct(summary, family)
+        return corrected, list(fits), tests
+    first = [(i, metric) for i, record in enumerate(summary) for metric in record.comparisons
+             if family.planned(metric)]
+    second = [(j, k) for j, fit in enumerate(fits) if family.planned(fit.metric, M_AXIS)
+              for k, arm in enumerate(fit.arms) if arm.multipliers and arm.multipliers[-1] is not None]
+    pvalues = ([summary[i].comparisons[metric].difference.p for i, metric in first]
+               + [fits[j].arms[k].multipliers[-1].p for j, k in second])
+    adjusted = adjust(pvalues, family)
+    records = list(summary)
+    for (i, metric), p in zip(first, adjusted[:len(first)]):
+        c = records[i].comparisons[metric]
+        difference = detected_difference(corrected_difference(c.difference, float(p), family))
+        records[i] = replace(records[i], comparisons={**records[i].comparisons,
+                                                      metric: replace(c, difference=difference)})
+    out = list(fits)
+    for (j, k), p in zip(second, adjusted[len(first):]):
+        arms = list(out[j].arms)
+        multipliers = arms[k].multipliers
+        arms[k] = replace(arms[k], multipliers=(*multipliers[:-1], replace(multipliers[-1], p_adj=float(p))))
+        out[j] = replace(out[j], arms=tuple(arms))
+    return records, out, int(np.sum(~np.isnan(np.asarray(pvalues, dtype=float))))
+
+
+def detected_difference(difference: Difference) -> Difference:
+    """A difference whose better / worse verdict rests on a gap under DETECTED_SES combined sampling errors
+    (the SE of Δ the rows' own sampling errors imply, `Difference.eval_se`) reads "not detected"; unchanged
+    without sampling errors."""
+    word = difference.verdict
+    if word in ("better", "worse") and not _gap_detected(difference):
+        word = (f"not detected: |Δ| {abs(difference.mean):.3g} is under {DETECTED_SES:g} combined sampling errors "
+                f"({DETECTED_SES * difference.eval_se:.3g}); the test alone: {word}")
+    return replace(difference, verdict=word)
+
+
+def _gap_detected(difference: Difference) -> bool:
+    """|Δ| at least DETECTED_SES combined sampling errors (True where the rows carry none)."""
+    return math.isnan(difference.eval_se) or abs(difference.mean) >= DETECTED_SES * difference.eval_se
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    """One arm's reading on one planned metric under the `MULTIPLIER` rule."""
+    metric: str
+    difference: Difference | None  # T1, corrected (None: no comparison with the baseline)
+    multiplier: Ratio | None       # T2: M(B) with its corrected p (None: no compute curve)
+    direction: str                 # T1's sign: "lower", "higher", "not detected" (gap under 2 SEs), "" (none)
+    side: str                      # M(B): "above 1", "below 1" (each after the correction), "undecided", "no fit"
+    held_out: str                  # "held", "failed", "not judged" (one seed), "no held-out check"
+
+    @property
+    def agrees(self) -> bool:
+        """T1 points the arm's better way (lower, for FD and val loss)."""
+        return self.direction == ("lower" if get_metric(self.metric).lower_is_better else "higher")
+
+
+@dataclass(frozen=True)
+class ArmVerdict:
+    """One arm's verdict at B under the `MULTIPLIER` rule: pays, does not pay or undecided, why, and every
+    place its metrics disagree."""
+    group: tuple
+    arm: str
+    baseline: str
+    budget: float | None           # B, the FLOPs of the group's largest horizon (None without a fit)
+    verdict: str
+    why: str
+    metrics: tuple[MetricVerdict, ...]
+    disagreements: tuple[str, ...]
+    reading: str                   # confirmatory or exploratory
+
+
+def multiplier_verdicts(summary: Sequence[Summary], fits: Sequence[GroupFit], family: Family) -> list[ArmVerdict]:
+    """Each compared arm's verdict at B by the `MULTIPLIER` rule, from the corrected summary and fits
+    (`correct_study`): pays when M(B) lies above 1 after the correction on every planned metric, T1 is
+    lower (better) on every one by a detected gap and every held-out prediction of the arm held; does not pay
+    when M(B) lies below 1 after the correction on any; undecided otherwise. [] under the `RATIO` rule."""
+    if family.rule != MULTIPLIER:
+        return []
+    metrics = family.metrics or CO_PRIMARY
+    records = {(r.group, r.arm): r for r in summary if r.comparisons}
+    curves = {(fit.group, fit.metric): fit for fit in fits}
+    arms = dict.fromkeys([*records, *((fit.group, arm.arm) for fit in fits for arm in fit.arms if arm.multipliers)])
+    out = []
+    for group, arm in arms:
+        record = records.get((group, arm))
+        found = tuple(_metric_verdict(record, curves.get((group, metric)), arm, metric, family.alpha)
+                      for metric in metrics)
+        budgets = [curves[group, m].budget for m in metrics if (group, m) in curves]
+        baselines = [c.baseline for c in (record.comparisons.values() if record else ())]
+        baselines += [curves[group, m].baseline for m in metrics if (group, m) in curves]
+        verdict, why = _arm_verdict(found)
+        labels = {family.reading(m, M_AXIS) for m in metrics}
+        out.append(ArmVerdict(group, arm, baselines[0], budgets[0] if budgets else None, verdict, why, found,
+                              _metric_disagreements(found), labels.pop() if len(labels) == 1 else "exploratory"))
+    return out
+
+
+def _metric_verdict(record: Summary | None, fit: GroupFit | None, arm: str, metric: str,
+                    alpha: float) -> MetricVerdict:
+    c = record.comparisons.get(metric) if record else None
+    difference = c.difference if c else None
+    direction = ""
+    if difference is not None and difference.mean != 0:
+        direction = "not detected" if not _gap_detected(difference) else "lower" if difference.mean < 0 else "higher"
+    arm_fit = next((a for a in fit.arms if a.arm == arm), None) if fit else None
+    multiplier = arm_fit.multipliers[-1] if arm_fit and arm_fit.multipliers else None
+    side = ("no fit" if multiplier is None else "undecided" if not multiplier.p_adj < alpha
+            else "above 1" if multiplier.geomean > 1 else "below 1")
+    checks = [p.failed for p in fit.held_out if p.arm == arm] if fit else []
+    held = ("no held-out check" if not checks else "failed" if True in checks else "not judged" if None in checks
+            else "held")
+    return MetricVerdict(metric, difference, multiplier, direction, side, held)
+
+
+def _arm_verdict(found: Sequence[MetricVerdict]) -> tuple[str, str]:
+    """The verdict and why, from the metrics' readings."""
+    def label(v: MetricVerdict) -> str:
+        return get_metric(v.metric).label
+
+    def p_adj(v: MetricVerdict) -> str:
+        return f"p adj {v.multiplier.p_adj:.2g}" if v.multiplier and not math.isnan(v.multiplier.p_adj) else "no p"
+
+    below = [v for v in found if v.side == "below 1"]
+    if below:
+        return "does not pay", "; ".join(f"M(B) below 1 on {label(v)} ({p_adj(v)})" for v in below)
+    if all(v.side == "above 1" and v.agrees and v.held_out == "held" for v in found):
+        return "pays", ("M(B) above 1 on " + " and ".join(f"{label(v)} ({p_adj(v)})" for v in found)
+                        + ", the difference at B lower on every one, every held-out prediction held")
+    missing = []
+    for v in found:
+        if v.side != "above 1":
+            missing.append(f"{label(v)}: M(B) {v.side}" + (f" ({p_adj(v)})" if v.multiplier else ""))
+        if not v.agrees:
+            missing.append(f"{label(v)}: the difference at B " + (
+                {"": "is missing", "not detected": f"is under {DETECTED_SES:g} combined sampling errors: not detected"}
+                .get(v.direction, f"is {v.direction}, against M")))
+        if v.held_out != "held":
+            missing.append(f"{label(v)}: held-out prediction {v.held_out}")
+    return "undecided", "; ".join(missing)
+
+
+def _metric_disagreements(found: Sequence[MetricVerdict]) -> tuple[str, ...]:
+    """Where the planned metrics part: M(B)'s side, T1's direction, the held-out check."""
+    if len(found) < 2:
+        return ()
+    lines = []
+    for what, values in (("M(B)", [v.side for v in found]), ("the difference at B", [v.direction or "missing"
+                                                                                     for v in found]),
+                         ("the held-out check", [v.held_out for v in found])):
+        if len(set(values)) > 1:
+            lines.append(f"{what}: " + ", ".join(f"{value} on {get_metric(v.metric).label}"
+                                                 for v, value in zip(found, values)))
+    return tuple(lines)

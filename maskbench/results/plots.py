@@ -4,7 +4,8 @@ Both axes are drawn because they can disagree: a masked step does less arithmeti
 proportionally less time (norms, gathers, the optimiser), so an arm can win at equal FLOPs and
 lose at equal wall-clock. The error bar is each point's confidence interval over seeds (for one seed,
 from the row's own sampling error: `summary.Summary.eval_only`). `plot_leaderboard` draws FD for
-`maskbench leaderboard --plot`; `group_curves` draws every measured metric per group for a study page.
+`maskbench leaderboard --plot`, and `plot_fits` the compute curves' fits beside it (val loss and FD against
+FLOPs); `group_curves` draws every measured metric per group for a study page.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on clusters or CI
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import NullFormatter
 
 from maskbench.metrics import compared_metrics, get_metric
 from maskbench.results.leaderboard import Row
+from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import Summary, summarize
 
 
@@ -51,6 +54,53 @@ def plot_leaderboard(summary_or_rows: Sequence[Summary] | Sequence[Row],
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_fits(fits: Sequence[GroupFit], summary: Sequence[Summary], png: str | os.PathLike) -> Path:
+    """Write the compute curves beside `png` (its name with `_fits`) and return the path: per group a row of two
+    panels, val loss and FD against FLOPs (log-log), each arm's means with their intervals over seeds and its
+    fitted curve (the mean over seeds of the per-seed fits), solid up to B and dashed on to k·B, where the
+    crossover is looked for (not for an arm whose held-out prediction failed)."""
+    by_group: dict[tuple, dict[str, GroupFit]] = defaultdict(dict)
+    for fit in fits:
+        by_group[fit.group][fit.metric] = fit
+    records = _groups(summary, [fit.metric for fit in fits])
+    colors = _colors(records)
+    fig = plt.figure(figsize=(11, 4.2 * len(by_group)), layout="constrained")
+    for subfig, (group, found) in zip(fig.subfigures(len(by_group), 1, squeeze=False)[:, 0], by_group.items()):
+        subfig.suptitle(f"{_group_title(group)}: fitted L(C) = E + A·(C/B)^−α, dashed past B")
+        for ax, metric in zip(subfig.subplots(1, 2, squeeze=False)[0], ("val_loss", "fid")):
+            if metric in found:
+                _draw_fit(ax, found[metric], records[group], colors)
+            ax.set(xlabel="training FLOPs (fwd+bwd)", ylabel=_ylabel(metric, records[group][0].fid_features),
+                   xscale="log", yscale="log")
+            ax.grid(alpha=0.3)
+    path = Path(png)
+    path = path.with_name(f"{path.stem}_fits{path.suffix}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _draw_fit(ax: Axes, fit: GroupFit, records: list[Summary], colors: dict[str, str]) -> None:
+    """A group's measured means of one metric and each arm's fitted curve, on one panel; not past B for an arm
+    whose held-out prediction failed."""
+    for arm in fit.arms:
+        _draw(ax, [r for r in records if r.arm == arm.arm], fit.metric, "train_flops", arm.arm, colors[arm.arm],
+              joined=False)
+        beyond = () if fit.failed(arm.arm) else ((fit.budget, fit.within * fit.budget, "--"),)
+        for lo, hi, style in ((fit.horizons[0], fit.budget, "-"), *beyond):
+            flops = np.geomspace(lo, hi, 64)
+            ax.plot(flops, fit.curve(arm.arm, flops), style, color=colors[arm.arm], linewidth=1)
+    ax.legend(fontsize="small")
+
+
+def _group_title(group: tuple) -> str:
+    """A (dataset, model, batch size, budget, source) group as a figure title."""
+    dataset, model, batch, budget, started_from = group
+    start = f" from {started_from}" if started_from else ""
+    return f"{dataset} / {model}{start} / batch {batch} / budget {budget:.3g} FLOPs"
 
 
 def group_curves(summary: Sequence[Summary], metrics: Sequence[str] | None = None, level: float = 0.95,
@@ -83,10 +133,7 @@ def _plot_group(fig: Figure | SubFigure, group: tuple, records: list[Summary], c
                 metrics: Sequence[str], level: float = 0.95) -> None:
     """The panels of one (dataset, model, batch size, budget, source) group: per metric, against GPU-hours
     and against FLOPs, one line per arm."""
-    dataset, model, batch, budget, started_from = group
-    start = f" from {started_from}" if started_from else ""
-    fig.suptitle(f"{dataset} / {model}{start} / batch {batch} / budget {budget:.3g} FLOPs "
-                 f"(mean, {100 * level:g}% CI over seeds)")
+    fig.suptitle(f"{_group_title(group)} (mean, {100 * level:g}% CI over seeds)")
     arms: dict[str, list[Summary]] = defaultdict(list)
     for record in records:
         arms[record.arm].append(record)
@@ -124,11 +171,14 @@ def _groups(summary: Sequence[Summary], metrics: Sequence[str]) -> dict[tuple, l
     return groups
 
 
-def _draw(ax: Axes, records: list[Summary], metric: str, x_field: str, label: str, color: str) -> None:
-    """One arm's mean curve of `metric` against x_field, with its CI as error bars where there is one."""
+def _draw(ax: Axes, records: list[Summary], metric: str, x_field: str, label: str, color: str,
+          joined: bool = True) -> None:
+    """One arm's mean curve of `metric` against x_field, with its CI as error bars where there is one; its
+    points not joined where a fitted line is drawn through them."""
     points = sorted((getattr(r, x_field), *r.metrics[metric])  # (x, mean, half-width; NaN: no interval)
                     for r in records if getattr(r, x_field) is not None and r.metrics[metric] is not None)
     if not points:
         return
     xs, means, halves = zip(*points)
-    ax.errorbar(xs, means, yerr=halves, marker="o", markersize=4, capsize=3, color=color, label=label)
+    ax.errorbar(xs, means, yerr=halves, marker="o", markersize=4, capsize=3, color=color, label=label,
+                linestyle="-" if joined else "none")

@@ -1,16 +1,24 @@
-"""`maskbench leaderboard`: read CSVs and the study's plan, print the per-arm summary and comparisons (or,
-with --mlperf, the MLPerf-style scores; with --crossover, the crossover map), optionally plot.
+"""`maskbench leaderboard`: read CSVs and the study's plan, print the per-arm summary and comparisons and the
+compute curves (or, with --mlperf, the MLPerf-style scores; with --crossover, the crossover map), optionally
+plot.
 
 A study folder `results/<study>/` holds its rows (`leaderboard.csv`) and its analysis plan (`PLAN.md`): a
 front matter of YAML between `---` lines naming the primary metrics, the baseline arm, the targets, the
-test, alpha, the multiplicity correction and what "pays" means, then prose. The report applies the plan it
-finds beside the CSV (or `--plan FILE`) and labels every reading confirmatory or exploratory: without a
-plan everything is exploratory, and so is everything a plan reads from rows written before it (the plan
-did not exist when the data could still steer the analysis).
+test, alpha, the multiplicity correction and what "pays" means (and, optionally, the rule by which a held-out
+prediction of the compute curves fails and how far from B a crossover is read), then prose. The report
+applies the plan it finds beside the CSV (or `--plan FILE`) and labels every reading confirmatory or
+exploratory: without a plan everything is exploratory, and so is everything a plan reads from rows written
+before it (the plan did not exist when the data could still steer the analysis).
+
+"pays" is read one of two ways (`multiplicity.RULES`). `ratio: flops` (or `device_hours`) with `interval: below 1`:
+the isotonic compute-to-target ratios are tested and an arm pays where they lie below 1 on every primary
+metric. `ratio: compute multiplier` with `interval: above 1`: the tests are the difference at B and log M(B)
+of the compute curves, Holm across them, the ratios are reported untested, and the report ends with each
+arm's verdict at B (`multiplicity.multiplier_verdicts`, `tables.render_verdicts`).
 
 Apart from `leaderboard.py` (the CSV's schema and locked appends) so that writers of rows need neither
 scipy nor matplotlib, and so the modules import one way: leaderboard <- estimators <- targets <- summary <-
-multiplicity <- tables <- mlperf, plots, crossover <- report.
+scaling, multiplicity <- tables <- mlperf, plots, crossover <- report.
 """
 
 from __future__ import annotations
@@ -23,20 +31,33 @@ from pathlib import Path
 
 import yaml
 
-from maskbench.metrics import compared_metrics
+from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
 from maskbench.results.leaderboard import DEFAULT_CSV, Row, read_rows
-from maskbench.results.multiplicity import CORRECTIONS, EXPLORATORY, Family, correct
-from maskbench.results.summary import summarize
-from maskbench.results.tables import FORMATS, render
+from maskbench.results.multiplicity import (
+    CORRECTIONS,
+    EXPLORATORY,
+    MULTIPLIER,
+    RATIO,
+    ArmVerdict,
+    Family,
+    correct_study,
+    multiplier_verdicts,
+)
+from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, FAILURE_RULES, GroupFit, fit_groups
+from maskbench.results.summary import Summary, summarize
+from maskbench.results.tables import FORMATS, render, render_scaling, render_verdicts
 from maskbench.results.targets import COMPUTE
 
 PLAN_FILE = "PLAN.md"
 PLAN_KEYS = ("study", "written", "primary_metrics", "baseline", "targets", "test", "alpha", "correction", "pays")
+PLAN_OPTIONAL = ("prediction_fails", "crossover_within")  # the compute curves' held-out rule and k; defaults below
 # What the report knows how to apply; a plan asking for anything else is refused, never silently misread.
 TARGETS = "baseline horizons"      # the baseline's value at each of its eval points, per seed
 TEST = "paired t over seeds"       # per-seed differences and log ratios (Welch only where seeds do not pair)
 PAYS_RATIO = {"flops": "train_flops", "device_hours": "gpu_hours"}
 PAYS_INTERVAL = "below 1"
+PAYS_MULTIPLIER = MULTIPLIER       # pays.ratio: the compute multiplier M(B) of the compute curves ...
+PAYS_MULTIPLIER_INTERVAL = "above 1"  # ... whose interval must lie above 1
 PAYS_METRICS = "all primary"
 
 
@@ -51,12 +72,15 @@ class Plan:
     baseline: str
     alpha: float
     correction: str              # "holm" or "none", across every test the plan reads (`Family`)
-    pays: str                    # the compute axis whose ratio decides: "train_flops" or "gpu_hours"
+    pays: str                    # the compute axis of the compute-to-target ratios: "train_flops" or "gpu_hours"
+    prediction_fails: str = DEFAULT_RULE        # a `scaling.FAILURE_RULES` name: when a held-out prediction fails
+    crossover_within: float = CROSSOVER_WITHIN  # k: a crossover is read within [B/k, k·B]
+    rule: str = RATIO            # how "pays" is read: the ratios (RATIO) or the compute multiplier (MULTIPLIER)
 
     def family(self, rows: Sequence[Row]) -> Family:
         """The plan's tests; confirmatory only when every measured row was written after the plan."""
         return Family(self.primary, self.pays, self.correction, self.alpha,
-                      confirmatory=not _before(rows, self.written))
+                      confirmatory=not _before(rows, self.written), rule=self.rule)
 
     def describe(self, rows: Sequence[Row], tests: int) -> str:
         """The line that says which plan was applied, how, and whether its readings confirm or explore."""
@@ -65,9 +89,13 @@ class Plan:
         status = (f"written {self.written.isoformat()}, after {len(early)} of these {measured} rows: its readings "
                   f"of them are exploratory" if early else
                   f"written {self.written.isoformat()}, before every row: its planned readings are confirmatory")
+        pays = (f"{COMPUTE[self.pays]} ratio {PAYS_INTERVAL} on every primary metric" if self.rule == RATIO else
+                f"compute multiplier M(B) {PAYS_MULTIPLIER_INTERVAL} on every primary metric, the difference at B "
+                f"agreeing and no held-out prediction failed (tests: the difference at B and log M(B) per arm and "
+                f"primary metric; compute-to-target ratios reported, not tested)")
         return (f"plan {self.path} ({self.study}): primary {', '.join(self.primary)}; baseline {self.baseline}; "
                 f"{TEST}, alpha {self.alpha:g}; {self.correction} across the {tests} tests it reads; pays: "
-                f"{COMPUTE[self.pays]} ratio {PAYS_INTERVAL} on every primary metric; {status}")
+                f"{pays}; {status}")
 
 
 NO_PLAN = (f"no plan: exploratory (no {PLAN_FILE} beside the CSV and no --plan; verdicts uncorrected for "
@@ -106,7 +134,7 @@ def _front_matter(text: str) -> dict:
 
 def _plan(path: Path, front: dict) -> Plan:
     """Check every key of a front matter against what the report can apply."""
-    unknown = sorted(set(front) - set(PLAN_KEYS))
+    unknown = sorted(set(front) - set(PLAN_KEYS) - set(PLAN_OPTIONAL))
     missing = [key for key in PLAN_KEYS if key not in front]
     if unknown or missing:
         raise ValueError(f"front matter keys: missing {missing or 'none'}, unknown {unknown or 'none'}")
@@ -122,13 +150,27 @@ def _plan(path: Path, front: dict) -> Plan:
     pays = front["pays"]
     if not isinstance(pays, dict) or set(pays) != {"ratio", "interval", "metrics"}:
         raise ValueError(f"pays must map ratio, interval and metrics, got {pays!r}")
-    if pays["ratio"] not in PAYS_RATIO:
-        raise ValueError(f"pays.ratio must be one of {', '.join(PAYS_RATIO)}, got {pays['ratio']!r}")
-    _expect("pays.interval", pays["interval"], PAYS_INTERVAL)
+    if pays["ratio"] not in (*PAYS_RATIO, PAYS_MULTIPLIER):
+        raise ValueError(f"pays.ratio must be one of {', '.join((*PAYS_RATIO, PAYS_MULTIPLIER))}, "
+                         f"got {pays['ratio']!r}")
+    multiplier = pays["ratio"] == PAYS_MULTIPLIER
+    _expect("pays.interval", pays["interval"], PAYS_MULTIPLIER_INTERVAL if multiplier else PAYS_INTERVAL)
     _expect("pays.metrics", pays["metrics"], PAYS_METRICS)
+    rising = [m for m in primary if not get_metric(m).lower_is_better]
+    if multiplier and rising:
+        raise ValueError(f"pays.ratio {PAYS_MULTIPLIER!r} reads fitted curves that fall towards a floor: primary "
+                         f"metric(s) {', '.join(rising)} rise as training goes on")
+    rule = front.get("prediction_fails", DEFAULT_RULE)
+    if rule not in FAILURE_RULES:
+        raise ValueError(f"prediction_fails must be one of {', '.join(map(repr, FAILURE_RULES))}, got {rule!r}")
+    within = front.get("crossover_within", CROSSOVER_WITHIN)
+    if isinstance(within, bool) or not isinstance(within, int | float) or not within > 1:
+        raise ValueError(f"crossover_within must be a number above 1 (k: read a crossover within [B/k, k·B]), "
+                         f"got {within!r}")
     return Plan(path=path, study=str(front["study"]), written=_timestamp(front["written"]), primary=tuple(primary),
                 baseline=str(front["baseline"]), alpha=front["alpha"], correction=front["correction"],
-                pays=PAYS_RATIO[pays["ratio"]])
+                pays=PAYS_RATIO.get(pays["ratio"], "train_flops"), prediction_fails=rule,
+                crossover_within=float(within), rule=MULTIPLIER if multiplier else RATIO)
 
 
 def _expect(key: str, value: object, supported: str) -> None:
@@ -185,6 +227,34 @@ def _plan_for(paths: Sequence[str], plan: str | None) -> Plan | None:
     return load_plan(path) if path else None
 
 
+@dataclass(frozen=True)
+class Analysis:
+    """What the report reads off the rows under a family: the corrected summary, the compute curves (their
+    M(B) corrected too under the compute-multiplier rule), the verdicts of that rule, and the family's size."""
+    summary: list[Summary]
+    fits: list[GroupFit]
+    verdicts: list[ArmVerdict]
+    tests: int
+
+
+def analyse_rows(rows: Sequence[Row], plan: Plan | None, baseline: str, family: Family,
+                 fits: bool = True) -> Analysis:
+    """Summarise, fit the compute curves (when `fits`, or always under the compute-multiplier rule, whose
+    tests include them), correct the family's tests together (`multiplicity.correct_study`) and read the
+    verdicts. Under the ratio rule (and without a plan) the curves are FD's and val loss's, as always; under
+    the compute-multiplier rule, the plan's primary metrics' too."""
+    summary = summarize(rows, baseline, family.compared(), 1 - family.alpha)
+    found: list[GroupFit] = []
+    if fits or family.rule == MULTIPLIER:
+        metrics = (CO_PRIMARY if family.rule == RATIO else
+                   tuple(m for m in family.compared() if get_metric(m).lower_is_better))
+        found = fit_groups(rows, baseline, metrics, level=1 - family.alpha,
+                           within=plan.crossover_within if plan else CROSSOVER_WITHIN,
+                           rule=plan.prediction_fails if plan else DEFAULT_RULE)
+    summary, found, tests = correct_study(summary, found, family)
+    return Analysis(summary, found, multiplier_verdicts(summary, found, family), tests)
+
+
 def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
                      baseline: str | None = None, on_error: str = "skip", mlperf: bool = False,
                      crossover: str | None = None, plan: str | None = None) -> int:
@@ -196,7 +266,10 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
     crossover map first say which plan they applied (`plan`, else PLAN.md beside the CSVs), or that there
     is none. With mlperf, the MLPerf-style scores are printed instead of the summary, and 1 is returned,
     with the run counts on stderr, when no arm has enough runs. With crossover=ARM, the crossover map of
-    ARM against the baseline is printed (and drawn with plot) instead.
+    ARM against the baseline is printed (and drawn with plot) instead. Otherwise the compute curves follow
+    the summary in table and Markdown formats (`scaling`, under their own heading: CSV stays one table), and
+    plot also draws them beside it, to PNG's name with `_fits` (`plots.plot_fits`). Under a plan whose
+    "pays" is the compute multiplier, each arm's verdict at B follows last (on stderr beside a CSV).
     """
     from maskbench.results import plots  # matplotlib: only once a summary is to be printed or drawn
 
@@ -219,11 +292,19 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         found, baseline, family = applied_plan(rows, paths, plan, baseline)
         if crossover:
             return _print_crossover(rows, crossover, baseline, plot, found, family)
-        summary, tests = correct(summarize(rows, baseline, family.compared(), 1 - family.alpha), family)
-        _print_plan_line(found.describe(rows, tests) if found else NO_PLAN, fmt)
+        analysis = analyse_rows(rows, found, baseline, family, fits=fmt != "csv" or bool(plot))
+        summary, fits = analysis.summary, analysis.fits
+        _print_plan_line(found.describe(rows, analysis.tests) if found else NO_PLAN, fmt)
         print(render(summary, fmt, family))
+        if fits and fmt != "csv":
+            print("\n" + render_scaling(fits, fmt, 1 - family.alpha))
+        if analysis.verdicts:
+            verdicts = render_verdicts(analysis.verdicts, fmt, family)
+            print(verdicts if fmt == "csv" else "\n" + verdicts, file=sys.stderr if fmt == "csv" else sys.stdout)
         if plot:
             print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
+            if fits:
+                print(f"plot written to {plots.plot_fits(fits, summary, plot)}", file=sys.stderr)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

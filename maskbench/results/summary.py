@@ -3,7 +3,9 @@
 Rows are grouped by (dataset, model, batch size, budget, where the runs started); per arm and eval
 point the seeds are pooled (`Summary`), and each arm's final point is compared with the baseline's on
 each compared metric (`Comparison`: paired by seed where the seeds pair, Welch's test otherwise, with
-compute-to-target at each of the baseline's horizons). Lower is better for FD (and for the oracle
+compute-to-target at each of the baseline's horizons). Runs pair only when they ran under the same
+conditions (`CONDITIONS`: device, precision, draw scheme); a seed whose runs did not is left out of the
+comparison, and the notes say so. Lower is better for FD (and for the oracle
 Fréchet distance stored in `fid` on synth, labelled by `fid_features`) and for val_loss; higher is
 better for CLIP score and alignment (`maskbench.metrics`).
 """
@@ -31,6 +33,34 @@ from maskbench.results.estimators import (
 )
 from maskbench.results.leaderboard import Row
 from maskbench.results.targets import COMPUTE, Target, horizon_target, seed_ratio
+
+# What two runs of one seed must share to pair: the same numerics (device, precision) and the same random draws
+# (draw scheme: common random numbers make the per-seed difference cancel the noise only when both runs draw alike).
+# An empty field (rows written before it existed) is "unknown", and pairs only with unknown.
+CONDITIONS = ("device", "precision", "draw_scheme")
+
+
+def condition_mismatch(row: Row, partner: Row) -> list[str]:
+    """The fields of CONDITIONS in which two runs differ, as 'field (this vs that)'; empty when they pair."""
+    values = [(field, row.get(field) or "unknown", partner.get(field) or "unknown") for field in CONDITIONS]
+    return [f"{field} ({mine} vs {theirs})" for field, mine, theirs in values if mine != theirs]
+
+
+def paired_by_condition(arm_rows: Sequence[Row], base_rows: Sequence[Row],
+                        baseline_arm: str) -> tuple[list[Row], list[Row], str]:
+    """The arm's and the baseline's rows less the seeds whose runs differ in a condition (`CONDITIONS`),
+    and a one-line warning naming the fields ("" when every seed pairs). A seed is set aside on both sides:
+    its difference would mix the arm's effect with the device's, the precision's or the draws'."""
+    base_by_seed = {row["seed"]: row for row in base_rows}
+    differ = {row["seed"]: condition_mismatch(row, base_by_seed[row["seed"]]) for row in arm_rows
+              if row["seed"] in base_by_seed}
+    left_out = sorted(seed for seed, fields in differ.items() if fields)
+    if not left_out:
+        return list(arm_rows), list(base_rows), ""
+    fields = ", ".join(dict.fromkeys(field for seed in left_out for field in differ[seed]))
+    warning = f"not paired with {baseline_arm} on seed(s) {_seeds(left_out)}: {fields} differ"
+    return ([row for row in arm_rows if row["seed"] not in left_out],
+            [row for row in base_rows if row["seed"] not in left_out], warning)
 
 
 @dataclass(frozen=True)
@@ -137,14 +167,16 @@ def _summarize_group(rows: list[Row], baseline_arm: str, metrics: tuple[str, ...
     curves = {arm: [_point(points[p], features, level, tuple(notes)) for p in sorted(points)]
               for arm, points in arms.items()}
     if baseline_arm in arms:
-        base_runs = arms[baseline_arm][max(arms[baseline_arm])]
         for arm, curve in curves.items():
             if arm == baseline_arm:  # no test of the baseline against itself
                 continue
-            final_runs = arms[arm][max(arms[arm])]
+            final_runs, base_runs, warning = paired_by_condition(arms[arm][max(arms[arm])],
+                                                                 arms[baseline_arm][max(arms[baseline_arm])],
+                                                                 baseline_arm)
             found = {metric: _comparison(final_runs, base_runs, rows, metric, baseline_arm, level)
                      for metric in metrics}
             curve[-1].comparisons = {metric: c for metric, c in found.items() if c is not None}
+            curve[-1].notes += (f"{arm}: {warning}",) if warning else ()
     order = sorted(curves, key=lambda arm: (arm != baseline_arm, arm))
     return [record for arm in order for record in curves[arm]]
 
@@ -185,16 +217,22 @@ def _comparison(final_runs: list[Row], base_runs: list[Row], rows: list[Row], me
 
 def _targets(pairs: list[tuple[list[Row], list[Row]]], metric: str, level: float) -> tuple[Target, ...]:
     """Compute-to-target at each horizon of the baseline that every paired seed's baseline run evaluated:
-    per seed the baseline run's fitted value there, reached by both runs of that seed."""
+    per seed the baseline run's fitted value there, reached by both runs of that seed. A horizon whose
+    per-seed targets are all an earlier one's (the baseline's fit pooled them) repeats that one."""
     horizons = set.intersection(*({row["point"] for row in base if row[metric] is not None} for _, base in pairs))
-    targets = []
+    targets: list[Target] = []
     for point in sorted(horizons):
-        values = [horizon_target(base, metric, point) for _, base in pairs]
+        values = tuple(horizon_target(base, metric, point) for _, base in pairs)
+        earlier = targets[-1] if targets else None
+        if earlier and earlier.values == values:
+            first = earlier.point if earlier.repeats is None else earlier.repeats
+            targets.append(Target(point, earlier.value, earlier.ratios, values, first))
+            continue
         ratios = {}
         for x in COMPUTE:
             readings = [seed_ratio(arm, base, metric, x, value) for (arm, base), value in zip(pairs, values)]
             ratios[x] = ratio_summary([r for r, _ in readings], level, [bound for _, bound in readings])
-        targets.append(Target(point, float(np.mean(values)), ratios))
+        targets.append(Target(point, float(np.mean(values)), ratios, values))
     return tuple(targets)
 
 

@@ -1,4 +1,6 @@
-"""The leaderboard summary rendered: aligned text tables, Markdown tables or CSV, with their notes.
+"""The leaderboard summary rendered: aligned text tables, Markdown tables or CSV, with their notes; the
+compute curves (`scaling`) under their own heading; and, for a plan that reads "pays" off the compute
+multiplier, its verdict per arm (`render_verdicts`).
 
 Every verdict is printed with the interval it reads, labelled confirmatory or exploratory, and every
 table is followed by notes that say how its figures were computed.
@@ -12,15 +14,9 @@ import math
 from collections.abc import Sequence
 
 from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
-from maskbench.results.estimators import (
-    BOOTSTRAP_RESAMPLES,
-    MIN_BOOTSTRAP,
-    Estimate,
-    Ratio,
-    agreement,
-    ratio_verdict,
-)
-from maskbench.results.multiplicity import EXPLORATORY, Family
+from maskbench.results.estimators import Estimate, Ratio, agreement, ratio_verdict
+from maskbench.results.multiplicity import DETECTED_SES, EXPLORATORY, ArmVerdict, Family, MetricVerdict
+from maskbench.results.scaling import FAILURE_RULES, Crossover, GroupFit, Interval, Prediction
 from maskbench.results.summary import Summary
 from maskbench.results.targets import COMPUTE, Target
 
@@ -34,8 +30,8 @@ RATIO_PARTS = ("bound", "geomean", "lo", "hi", "p", "p_adj", "not_reached")
 CSV_HEADER = ("dataset", "model", "batch_size", "budget_flops", "started_from", "arm", "point", "n",
               *(f"{m}{suffix}" for m in compared_metrics() for suffix in ("", "_ci")), "eval_only",
               "train_flops", "gpu_hours", "fid_features")
-CSV_PER_METRIC = ("test", "pairs", "diff", "diff_lo", "diff_hi", "boot_lo", "boot_hi", "p", "p_adj", "mde", "se",
-                  "eval_se", "verdict", "target",
+CSV_PER_METRIC = ("test", "pairs", "diff", "diff_lo", "diff_hi", "p", "p_adj", "mde", "se", "eval_se", "verdict",
+                  "target", "target_repeats",
                   *(f"{axis}_{part}" for axis in ("flops_ratio", "hours_ratio") for part in RATIO_PARTS),
                   "ratio_verdict")
 CSV_TAIL = ("agreement", "pays", "ratio_agreement", "reading", "source", "notes")
@@ -52,23 +48,51 @@ COMPARISON_NOTE = (
     "weights, data order and evaluation noise, so Δ is the mean of per-seed differences with the paired "
     "t-interval; welch: the seeds do not pair, Δ is the difference of means with Welch's interval. verdict: "
     "better / worse only when the whole {pct} t-interval lies on one side of 0 (lower is better for FD and val "
-    "loss, higher for CLIP and align) and p adj < {alpha:g}; otherwise no difference detected, and MDE is the "
+    "loss, higher for CLIP and align) and p adj < {alpha:g}; inconclusive when every seed differs by the same "
+    "amount (zero spread: no p, no test counted); otherwise no difference detected, and MDE is the "
     "smallest effect these runs detect with 80% power at two-sided {alpha:g}, (t + t_0.80)·SE, SE the larger of "
     "the seeds' and the eval noise's. p adj: p after the plan's correction ({method}). eval/seed SE: the SE of Δ "
     "that the rows' own sampling errors imply over the one the seeds' spread gives (near 1 or above: the seeds "
-    "differ by no more than eval noise; empty: rows without sampling errors). bootstrap: percentile interval of "
-    "the mean difference, {resamples} resamples, fixed seed, not shown below {min_boot} pairs. metrics: whether "
-    "the metrics' verdicts point the same way.")
+    "differ by no more than eval noise; empty: rows without sampling errors). metrics: whether the metrics' "
+    "verdicts point the same way.")
 TARGETS_NOTE = (
     "Compute to target: at each horizon (eval point) of {baseline}, per seed, the target is {baseline}'s value "
-    "there read off the isotonic (monotone) fit of its run's curve, and the ratio is the FLOPs (GPU-h) the arm's "
-    "run of that seed needs to reach it on its own monotone fit (straight lines between fitted points) over what "
-    "{baseline}'s needs; geometric mean over seeds with the {pct} t-interval of the log ratios. <=: an upper "
+    "there read off the isotonic (monotone) fit of its run's curve, each point weighted by 1/SE² of its sampling "
+    "error where the rows have one, and the ratio is the FLOPs (GPU-h) the arm's run of that seed needs to reach "
+    "it on its own monotone fit (straight lines between fitted points) over what {baseline}'s needs; geometric "
+    "mean over seeds with the {pct} t-interval of the log ratios. target (= h): {baseline}'s fit pooled this "
+    "horizon with horizon h on every seed, so its target and ratios are h's: one test, counted once. <=: an upper "
     "bound (some seed's arm was there at its first point); >: a lower bound (k/n not reached: k seeds never got "
     "there, their last point stands in); bounds are not tested. verdict and p adj are of the {axis} ratio: pays "
     "when below 1 with p adj < {alpha:g}, does not pay when above 1 likewise, undecided otherwise; a bound gets "
     "no verdict, only 'not reached (k/n)' or 'reached at first point', and counts as undecided in pays and "
     "metrics. pays: {pays}.")
+TARGETS_REPORTED_NOTE = (
+    "Compute to target: at each horizon (eval point) of {baseline}, per seed, the target is {baseline}'s value "
+    "there read off the isotonic (monotone) fit of its run's curve, each point weighted by 1/SE² of its sampling "
+    "error where the rows have one, and the ratio is the FLOPs (GPU-h) the arm's run of that seed needs to reach "
+    "it on its own monotone fit over what {baseline}'s needs; geometric mean over seeds with the {pct} t-interval "
+    "of the log ratios. target (= h): {baseline}'s fit pooled this horizon with horizon h. <=: an upper bound, >: "
+    "a lower bound (k/n not reached). Reported with their intervals, not tested: the plan reads \"pays\" off the "
+    "compute multiplier M(B) and the difference at B (the verdict below), so these ratios carry no p adj and no "
+    "verdict.")
+
+
+SCALING_TITLE = ("Compute curves: per seed, each arm's L(C) = E + A·(C/B)^−α against training FLOPs C, the floor E "
+                 "shared by a group's arms and B its largest horizon's FLOPs; {pct} t-intervals over seeds")
+SCALING_NOTE = (
+    "Compute curves: A is an arm's excess over the floor E at B, α how fast it falls. M: the FLOPs {baseline} "
+    "needs to reach the value the arm reaches with C, over C (above 1 the arm's FLOPs are worth more than "
+    "{baseline}'s), per seed from that seed's fits, geometric mean and {pct} t-interval over seeds; at each horizon "
+    "C is {baseline}'s FLOPs there. trend: the slope of log M against log C (log M is a line in log C on every "
+    "seed), mean and t-interval over seeds; below 0 the arm's advantage shrinks as compute grows. C*: where M = 1 "
+    "on each seed's fits, read only when every seed's lies within [B/k, k·B] (geometric mean, t-interval), else "
+    "'none within k× of B' with the number of seeds that cross there. Held out: the curves fitted on the horizons "
+    "up to B/2 predict each arm's value at B (measured: its rows there) and M at B (measured: the fit on every "
+    "horizon); the prediction fails by the rule '{rule}': {meaning} Where an arm's prediction failed, its C* is "
+    "not read.")
+Table = tuple[str | None, Sequence[str] | None, list[list[str]]]  # (title, header, cells); no header: a title alone
+M_COLUMNS = 3  # arms per table of M at each horizon
 
 
 def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPLORATORY) -> str:
@@ -95,27 +119,206 @@ def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPL
     lines_of_disagreement = []
     if compared:
         baseline, pct = next(iter(compared[0].comparisons.values())).baseline, _pct(1 - family.alpha)
+        tested = family.tests_ratios
         tables += [
             (f"Against {baseline} at the final point:", _comparison_header(pct),
              [_comparison_cells(r, metric, metrics, family) for r in compared for metric in metrics
               if metric in r.comparisons]),
-            (f"Compute to reach {baseline}'s value at each of its horizons:", _targets_header(metrics, pct),
+            (f"Compute to reach {baseline}'s value at each of its horizons" +
+             ("" if tested else " (reported, not tested)") + ":", _targets_header(metrics, pct, tested),
              [_target_cells(r, point, metrics, family) for r in compared for point in _horizons(r)]),
         ]
         lines_of_disagreement = _disagreements(compared, metrics, family)
-        notes += [COMPARISON_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, method=family.method,
-                                         resamples=f"{BOOTSTRAP_RESAMPLES:,}", min_boot=MIN_BOOTSTRAP),
-                  TARGETS_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, axis=COMPUTE[family.compute],
-                                      pays=_pays_rule(family))]
+        notes.append(COMPARISON_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, method=family.method))
+        notes.append(TARGETS_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, axis=COMPUTE[family.compute],
+                                         pays=_pays_rule(family)) if tested else
+                     TARGETS_REPORTED_NOTE.format(baseline=baseline, pct=pct))
     if fmt == "markdown":
-        lines = []
-        for title, header, cells in tables:
-            lines += ([title, ""] if title else []) + _markdown_table(header, cells) + [""]
-        return "\n".join(lines + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
+        return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
+    return "\n".join(_layout(tables, fmt) + lines_of_disagreement + ([""] if lines_of_disagreement else []) + notes)
+
+
+def render_scaling(fits: Sequence[GroupFit], fmt: str = "table", level: float = 0.95) -> str:
+    """The compute curves under their own heading, as text or Markdown tables ("" without any): per group and
+    metric a title (B, seeds, E, how residuals were weighted), each arm's A, α and crossover, M at each
+    horizon, and the held-out check; then the notes."""
+    if not fits:
+        return ""
+    pct = _pct(level)
+    tables: list[Table] = [(SCALING_TITLE.format(pct=pct), None, [])]
+    for fit in fits:
+        tables += _scaling_tables(fit, pct)
+    first = fits[0]
+    notes = [SCALING_NOTE.format(baseline=first.baseline, pct=pct, rule=first.rule,
+                                 meaning=" ".join((FAILURE_RULES[first.rule].__doc__ or "").split()))]
+    notes += list(dict.fromkeys(f"{group_label(*fit.group)}: {note}" for fit in fits for note in fit.notes))
+    return "\n".join(_layout(tables, fmt) + [f"- {line}" if fmt == "markdown" else line for line in notes])
+
+
+VERDICT_TITLE = ("The plan's verdict at B (pays.ratio: compute multiplier): per arm and metric, T1 the paired difference "
+                 "arm − {baseline} at B and T2 log M(B) of the curves fitted on every horizon against 0, {method} across "
+                 "them together; {pct} intervals")
+VERDICT_NOTE = (
+    "Verdict (the plan's rule): an arm pays at B when, after {method}, M(B)'s interval lies above 1 (p adj < "
+    "{alpha:g}, M above 1) on every one of {metrics}, T1 agrees in direction on every one (the arm lower than "
+    "{baseline}: the sign of Δ at B, by a gap of at least {ses:g} combined sampling errors, i.e. {ses:g}× the SE of "
+    "Δ its rows' sampling errors imply; a smaller gap is 'not detected') and every held-out prediction of the arm "
+    "(its value and its M at B, per metric) held; it does not pay when M(B)'s interval lies below 1 after {method} "
+    "on any of them; otherwise it is undecided. T1's own significance is reported (T1 verdict) but not required. "
+    "Where the metrics part (M's side, Δ's direction, the held-out check) a 'disagree' line says so; a disagreement "
+    "never reads as pays. Compute-to-target ratios, other horizons' differences, alignment, C* and device-hours "
+    "are reported, not tested.")
+
+
+def render_verdicts(verdicts: Sequence[ArmVerdict], fmt: str = "table", family: Family = EXPLORATORY) -> str:
+    """The compute-multiplier plan's verdict (`multiplicity.multiplier_verdicts`): one line per arm and planned
+    metric with T1 and T2 and their corrected p, the arm's verdict; then per arm its verdict and why, every
+    place its metrics disagree, and the rule. Text or Markdown ("" without verdicts; CSV renders as text)."""
+    if not verdicts:
+        return ""
+    fmt = "table" if fmt == "csv" else fmt
+    pct = _pct(1 - family.alpha)
+    baseline = verdicts[0].baseline
+    header = ("group", "arm", "metric", f"Δ at B ({pct} CI)", "Δ p", "Δ p adj", "T1", "T1 verdict",
+              f"M(B) ({pct} CI)", "M p", "M p adj", "T2", "held out", "verdict", "reading")
+    cells = [[group_label(*a.group), a.arm, v.metric, *_t1_cells(v), *_t2_cells(v), v.held_out, a.verdict, a.reading]
+             for a in verdicts for v in a.metrics]
+    title = VERDICT_TITLE.format(baseline=baseline, method=family.method, pct=pct)
+    lines = [f"verdict: {group_label(*a.group)} {a.arm}" + (f" at B = {a.budget:.3g} FLOPs" if a.budget else "")
+             + f": {a.verdict}: {a.why}" for a in verdicts]
+    lines += [f"disagree: {group_label(*a.group)} {a.arm}: {line}" for a in verdicts for line in a.disagreements]
+    metrics = " and ".join(get_metric(m).label for m in (family.metrics or CO_PRIMARY))
+    lines.append(VERDICT_NOTE.format(method=family.method, alpha=family.alpha, metrics=metrics, baseline=baseline,
+                                     ses=DETECTED_SES))
+    return "\n".join(_layout([(title, header, cells)], fmt) + [f"- {line}" if fmt == "markdown" else line
+                                                                for line in lines])
+
+
+def _t1_cells(v: MetricVerdict) -> list[str]:
+    d = v.difference
+    if d is None:
+        return ["", "", "", "no comparison", ""]
+    interval = "" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]"
+    return [f"{d.mean:.4g}{interval}", _g(_finite(d.p)), _g(_finite(d.p_adj)), v.direction or "none",
+            d.verdict.split(";")[0]]
+
+
+def _t2_cells(v: MetricVerdict) -> list[str]:
+    m = v.multiplier
+    if m is None:
+        return ["", "", "", v.side]
+    return [_ratio(m), _g(_finite(m.p)), _g(_finite(m.p_adj)), v.side]
+
+
+def headline(verdicts: Sequence[ArmVerdict]) -> str:
+    """One sentence from the compute-multiplier verdicts: per group, each arm's verdict at B, and where its
+    metrics disagree ("" without verdicts)."""
+    groups: dict[tuple, list[ArmVerdict]] = {}
+    for verdict_ in verdicts:
+        groups.setdefault(verdict_.group, []).append(verdict_)
+    parts = []
+    for group, found in groups.items():
+        budget = next((a.budget for a in found if a.budget), None)
+        arms = ", ".join(f"{a.arm} {a.verdict}" + (" (its metrics disagree)" if a.disagreements else "")
+                         for a in found)
+        parts.append(f"on {group_label(*group)}" + (f" at B = {budget:.3g} FLOPs" if budget else "") + f": {arms}")
+    labels = sorted({a.reading for a in verdicts})
+    return (f"By the plan's rule ({' and '.join(labels)}), " + "; ".join(parts) + ".") if parts else ""
+
+
+def ratio_headline(summary: Sequence[Summary], family: Family = EXPLORATORY) -> str:
+    """One sentence for a plan that tests compute-to-target ratios (or for no plan): per group, each arm's
+    "pays" on the plan's compute axis at the baseline's last horizon, and where its metrics disagree ("" with
+    no comparison)."""
+    metrics = family.compared()
+    groups: dict[tuple, list[str]] = {}
+    for record in summary:
+        horizons = _horizons(record)
+        if not horizons:
+            continue
+        verdicts = _ratio_verdicts(record, horizons[-1], metrics, family)
+        split = " (its metrics disagree)" if agreement(list(verdicts.values())) == "disagree" else ""
+        groups.setdefault(record.group, []).append(f"{record.arm} {family.pays(verdicts)}{split}")
+    if not groups:
+        return ""
+    labels = sorted({family.reading(m, family.compute) for m in (family.metrics or CO_PRIMARY)})
+    rule = f"By the plan's rule ({' and '.join(labels)})" if family.metrics else "Without a plan (exploratory)"
+    baseline = next(c.baseline for r in summary for c in r.comparisons.values())
+    return (f"{rule}, on the {COMPUTE[family.compute]} to reach {baseline}'s value at its last horizon: "
+            + "; ".join(f"on {group_label(*group)}: {', '.join(arms)}" for group, arms in groups.items()) + ".")
+
+
+def _scaling_tables(fit: GroupFit, pct: str) -> list[Table]:
+    """One group's and metric's compute curves: each arm's parameters; M at each horizon (at most
+    M_COLUMNS arms a table, to keep within ~120 columns); each arm's crossover; the held-out check."""
+    label = get_metric(fit.metric).label
+    weights = (f"residuals over sampling errors: χ²/dof {fit.chi2_dof:.3g} (median over seeds)" if fit.weighted else
+               "residuals over the values (relative errors: the rows have no sampling errors)")
+    title = (f"{group_label(*fit.group)}, {label}: B = {fit.budget:.3g} FLOPs, {len(fit.fits)} seed(s), "
+             f"E = {_estimate_cell(fit.floor)}\n{weights}")
+    tables: list[Table] = [(title, ("arm", f"A ({pct} CI)", f"α ({pct} CI)"),
+                            [[_arm_cell(arm.arm, arm.seeds, len(fit.fits)), _estimate_cell(arm.amplitude),
+                              _estimate_cell(arm.exponent)] for arm in fit.arms])]
+    arms = [arm for arm in fit.arms if arm.multipliers]
+    for start in range(0, len(arms), M_COLUMNS):
+        shown = arms[start:start + M_COLUMNS]
+        tables.append((None, ("horizon", "FLOPs", *(f"M {arm.arm} ({pct} CI)" for arm in shown)),
+                       [[f"{point:g}", f"{flops:.3g}", *(_ratio(arm.multipliers[i]) for arm in shown)]
+                        for i, (point, flops) in enumerate(zip(fit.points, fit.horizons))]))
+    if arms:
+        tables.append((None, ("arm", f"trend: d log M / d log C ({pct} CI)", f"crossover C*: M = 1 ({pct} CI)"),
+                       [[arm.arm, _estimate_cell(arm.trend),
+                         "not read: its held-out prediction failed" if fit.failed(arm.arm) else
+                         _crossover_cell(arm.crossover, fit.within)] for arm in arms]))
+    if fit.held_out:
+        early = fit.held_out_points
+        tables.append((f"held out: fitted on horizons {early[0]:g} to {early[-1]:g}, predicting {fit.points[-1]:g} (B)",
+                       ("arm", "figure at B", f"predicted ({pct} CI)", f"measured ({pct} CI)", "prediction"),
+                       [_prediction_cells(p, label) for p in fit.held_out]))
+    return tables
+
+
+def _arm_cell(arm: str, seeds: int, of: int) -> str:
+    return arm if seeds == of else f"{arm} ({seeds} of {of} seeds)"
+
+
+def _estimate_cell(estimate: Estimate | None) -> str:
+    if estimate is None:
+        return ""
+    mean, half = estimate
+    return _interval_cell(Interval(mean, mean - half, mean + half))
+
+
+def _interval_cell(interval: Interval, spec: str = ".4g") -> str:
+    value, lo, hi = interval
+    return f"{value:{spec}}" if math.isnan(lo) else f"{value:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def _crossover_cell(crossover: Crossover, within: float) -> str:
+    """'C* [lo, hi]', or 'none within k× of B (j of n seeds cross there)'."""
+    if crossover.flops is None:
+        return f"none within {within:g}× of B ({crossover.crossing} of {crossover.seeds} seeds cross there)"
+    return _interval_cell(Interval(crossover.flops, crossover.lo, crossover.hi), ".3g")
+
+
+def _prediction_cells(prediction: Prediction, label: str) -> list[str]:
+    verdict = {None: "not judged: no interval", True: "failed", False: "held"}[prediction.failed]
+    figure = "M" if prediction.quantity == "M" else label
+    return [prediction.arm, figure, _interval_cell(prediction.predicted), _interval_cell(prediction.measured),
+            verdict]
+
+
+def _layout(tables: Sequence[Table], fmt: str) -> list[str]:
+    """Tables one after another, each under its title, a blank line after each; Markdown puts a title in a
+    paragraph of its own so that it is not read into the table."""
     lines = []
     for title, header, cells in tables:
-        lines += ([title] if title else []) + _text_table(header, cells) + [""]
-    return "\n".join(lines + lines_of_disagreement + ([""] if lines_of_disagreement else []) + notes)
+        lines += ([title, ""] if fmt == "markdown" else [title]) if title else []
+        if header is not None:
+            lines += (_markdown_table(header, cells) if fmt == "markdown" else _text_table(header, cells)) + [""]
+        elif fmt != "markdown":
+            lines.append("")
+    return lines
 
 
 def _pct(level: float) -> str:
@@ -123,15 +326,17 @@ def _pct(level: float) -> str:
 
 
 def _comparison_header(pct: str) -> tuple[str, ...]:
-    return ("dataset", "model", "batch", "budget", "arm", "metric", "test", "n", f"Δ ({pct} CI)",
-            f"bootstrap {pct}", "p", "p adj", "MDE", "eval/seed SE", "verdict", "metrics", "reading")
+    return ("dataset", "model", "batch", "budget", "arm", "metric", "test", "n", f"Δ ({pct} CI)", "p", "p adj",
+            "MDE", "eval/seed SE", "verdict", "metrics", "reading")
 
 
-def _targets_header(metrics: Sequence[str], pct: str) -> tuple[str, ...]:
-    per_metric = ("target", f"FLOPs ratio ({pct} CI)", f"GPU-h ratio ({pct} CI)", "p adj", "verdict")
+def _targets_header(metrics: Sequence[str], pct: str, tested: bool = True) -> tuple[str, ...]:
+    """Compute to target's columns; without the tests' (p adj, verdict, pays, metrics) where ratios are only
+    reported (`Family.tests_ratios`)."""
+    per_metric = ("target", f"FLOPs ratio ({pct} CI)", f"GPU-h ratio ({pct} CI)", *(("p adj", "verdict") * tested))
     return ("dataset", "model", "batch", "budget", "arm", "horizon",
-            *(f"{get_metric(metric).label} {column}" for metric in metrics for column in per_metric), "pays", "metrics",
-            "reading")
+            *(f"{get_metric(metric).label} {column}" for metric in metrics for column in per_metric),
+            *(("pays", "metrics") * tested), "reading")
 
 
 def _pays_rule(family: Family) -> str:
@@ -159,8 +364,7 @@ def _comparison_cells(record: Summary, metric: str, metrics: Sequence[str], fami
     d = c.difference
     n = f"{d.n} pairs" if d.test == "paired" else f"{d.n} vs {d.n_base}"
     interval = "" if math.isnan(d.lo) else f" [{d.lo:.3g}, {d.hi:.3g}]"
-    boot = f"[{d.boot[0]:.3g}, {d.boot[1]:.3g}]" if d.boot else (f"n < {MIN_BOOTSTRAP}" if d.test == "paired" else "")
-    return [*_group_cells(record), metric, d.test, n, f"{d.mean:.4g}{interval}", boot, _g(_finite(d.p)),
+    return [*_group_cells(record), metric, d.test, n, f"{d.mean:.4g}{interval}", _g(_finite(d.p)),
             _g(_finite(d.p_adj)), _g(_finite(d.mde)), _g(_finite(d.eval_share)), d.verdict,
             agreement(_final_verdicts(record, metrics)), family.reading(metric)]
 
@@ -191,9 +395,13 @@ def _target_cells(record: Summary, point: float, metrics: Sequence[str], family:
     for metric in metrics:
         t = _target_at(record, metric, point)
         planned = t and t.ratios[family.compute]
-        cells += ["", "", "", "", ""] if t is None else [
-            f"{t.value:.4g}", _ratio(t.ratios["train_flops"]), _ratio(t.ratios["gpu_hours"]),
-            _g(_finite(planned.p_adj) if planned else None), ratio_verdict(planned, family.alpha)]
+        tests = [_g(_finite(planned.p_adj) if planned else None), ratio_verdict(planned, family.alpha)] if t else ["", ""]
+        cells += ["", "", ""] if t is None else [
+            f"{t.value:.4g}" + ("" if t.repeats is None else f" (= {t.repeats:g})"),
+            _ratio(t.ratios["train_flops"]), _ratio(t.ratios["gpu_hours"])]
+        cells += tests if family.tests_ratios else []
+    if not family.tests_ratios:
+        return [*cells, "reported, not tested"]
     verdicts = _ratio_verdicts(record, point, metrics, family)
     return [*cells, family.pays(verdicts), agreement(list(verdicts.values())),
             _reading(family, list(verdicts), family.compute)]
@@ -215,7 +423,8 @@ def _disagreements(compared: Sequence[Summary], metrics: Sequence[str], family: 
         final = {m: record.comparisons[m].difference.verdict for m in metrics if m in record.comparisons}
         readings = [("at the final point", final)]
         readings += [(f"{COMPUTE[family.compute]} ratio at horizon {point:g}",
-                      _ratio_verdicts(record, point, metrics, family)) for point in _horizons(record)]
+                      _ratio_verdicts(record, point, metrics, family)) for point in _horizons(record)
+                     if family.tests_ratios]
         lines += [f"{where} {at}: " + ", ".join(f"{get_metric(m).label} {v.split(';')[0]}" for m, v in verdicts.items())
                   for at, verdicts in readings if agreement(list(verdicts.values())) == "disagree"]
     return lines
@@ -307,7 +516,7 @@ def _render_csv(summary: Sequence[Summary], metrics: Sequence[str], family: Fami
         final = finals.get((r.group, r.arm))
         estimates = [x for m in compared_metrics() for x in (r.metrics[m] or (None, None))]
         blocks = [x for m in metrics for x in _csv_metric(r, final, m, family)]
-        verdicts = _ratio_verdicts(final, r.point, metrics, family) if final else {}
+        verdicts = _ratio_verdicts(final, r.point, metrics, family) if final and family.tests_ratios else {}
         shown = [m for m in metrics if m in r.comparisons] or list(verdicts)
         values = (r.dataset, r.model, r.batch_size, r.budget_flops, r.started_from, r.arm, r.point, r.n, *estimates,
                   ";".join(r.eval_only), r.train_flops, r.gpu_hours, r.fid_features, *blocks,
@@ -323,13 +532,14 @@ def _csv_metric(record: Summary, final: Summary | None, metric: str, family: Fam
     the ratios where the arm's comparison has a target at the record's point; empty otherwise."""
     c = record.comparisons.get(metric)
     d = c.difference if c else None
-    difference = (None,) * 13 if d is None else (
-        d.test, d.n if d.test == "paired" else None, d.mean, d.lo, d.hi, *(d.boot or (None, None)), d.p, d.p_adj,
-        d.mde, d.se, d.eval_se, d.verdict)
+    difference = (None,) * 11 if d is None else (
+        d.test, d.n if d.test == "paired" else None, d.mean, d.lo, d.hi, d.p, d.p_adj, d.mde, d.se, d.eval_se,
+        d.verdict)
     t = _target_at(final, metric, record.point) if final else None
     if t is None:
-        return (*difference, *(None,) * (2 + 2 * len(RATIO_PARTS)))
-    ratios = [x for axis in COMPUTE for r in [t.ratios[axis]]
-              for x in ((r.bound, r.geomean, r.lo, r.hi, r.p, r.p_adj, r.not_reached) if r
-                        else (None,) * len(RATIO_PARTS))]
-    return (*difference, t.value, *ratios, ratio_verdict(t.ratios[family.compute], family.alpha))
+        return (*difference, *(None,) * (3 + 2 * len(RATIO_PARTS)))
+    ratios = [x for axis in COMPUTE for r in [t.ratios[axis]]  # p adj only where the family tests the ratio
+              for x in ((r.bound, r.geomean, r.lo, r.hi, r.p, r.p_adj if family.tests_ratios else None, r.not_reached)
+                        if r else (None,) * len(RATIO_PARTS))]
+    verdict_ = ratio_verdict(t.ratios[family.compute], family.alpha) if family.tests_ratios else "not tested"
+    return (*difference, t.value, t.repeats, *ratios, verdict_)

@@ -3,7 +3,9 @@
 An arm pays when it reaches the baseline's quality with less compute. Per seed, the target is the
 baseline run's value at one of its eval points (a horizon), and the ratio is the compute the arm's run
 of that seed needs to reach it over what the baseline's needs, both read off monotone fits of each
-run's curve so that eval noise cannot make an early lucky point "reach" it.
+run's curve so that eval noise cannot make an early lucky point "reach" it. The fits weight each point
+by its sampling error (`estimators.curve_errors`): a point scored on 256 samples does not outvote one
+scored on 2,048.
 """
 
 from __future__ import annotations
@@ -16,31 +18,35 @@ import numpy as np
 import scipy.optimize
 
 from maskbench.metrics import get_metric
-from maskbench.results.estimators import Bound, Ratio
+from maskbench.results.estimators import Bound, Ratio, curve_errors
 from maskbench.results.leaderboard import Row
 
 COMPUTE = {"train_flops": "FLOPs", "gpu_hours": "GPU-h"}  # the two compute axes of compute-to-target
+Weights = Sequence[float] | None  # one per point of a curve, in its order; None: equal weights
 
 
-def monotone_fit(points: Sequence[tuple[float, float]],
-                 higher_is_better: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """A curve's isotonic least-squares fit: (x ascending, fitted values), non-increasing in x when lower
-    is better, non-decreasing when higher is better.
+def monotone_fit(points: Sequence[tuple[float, float]], higher_is_better: bool = False,
+                 weights: Weights = None) -> tuple[np.ndarray, np.ndarray]:
+    """A curve's isotonic weighted least-squares fit: (x ascending, fitted values), non-increasing in x
+    when lower is better, non-decreasing when higher is better.
 
     Eval noise makes a training curve wiggle; read raw, a lucky early point "reaches" a target the run
     then falls back from, so compute-to-target swings with single evaluations. The fit is the monotone
-    curve closest in squared error (pool-adjacent-violators, `scipy.optimize.isotonic_regression`, equal
-    weights): each run of points that goes the wrong way is replaced by its mean. It uses only the order
-    of x, so it is the same on FLOPs, device-hours, eval points or their logarithms.
+    curve closest in weighted squared error (pool-adjacent-violators, `scipy.optimize.isotonic_regression`):
+    each run of points that goes the wrong way is replaced by its weighted mean, the weights being
+    1/SE² of each point (`run_curve`) or equal. It uses only the order of x, so it is the same on FLOPs,
+    device-hours, eval points or their logarithms.
     """
     if not points:
         raise ValueError("monotone_fit needs at least one point")
-    xs, ys = (np.asarray(column, dtype=float) for column in zip(*sorted(points)))
-    return xs, scipy.optimize.isotonic_regression(ys, increasing=higher_is_better).x
+    xs, ys = (np.asarray(column, dtype=float) for column in zip(*points))
+    order = np.lexsort((ys, xs))
+    w = None if weights is None else np.asarray(weights, dtype=float)[order]
+    return xs[order], scipy.optimize.isotonic_regression(ys[order], weights=w, increasing=higher_is_better).x
 
 
 def compute_to_target(points: Sequence[tuple[float, float]], target: float,
-                      higher_is_better: bool = False) -> float | None:
+                      higher_is_better: bool = False, weights: Weights = None) -> float | None:
     """Compute (x) at which a curve's monotone fit first reaches a target value, or None.
 
     The fitted points (`monotone_fit`) are joined by straight lines in x. If the first one already
@@ -53,7 +59,7 @@ def compute_to_target(points: Sequence[tuple[float, float]], target: float,
     """
     if not points:
         return None
-    xs, fit = monotone_fit(points, higher_is_better)
+    xs, fit = monotone_fit(points, higher_is_better, weights)
     gaps = (fit - target) * (-1.0 if higher_is_better else 1.0)  # > 0: not there yet; non-increasing
     reached = np.flatnonzero(gaps <= 0)
     if reached.size == 0:
@@ -64,15 +70,19 @@ def compute_to_target(points: Sequence[tuple[float, float]], target: float,
     return float(xs[i - 1] + gaps[i - 1] / (gaps[i - 1] - gaps[i]) * (xs[i] - xs[i - 1]))
 
 
-def run_curve(run: Sequence[Row], metric: str, x_field: str) -> list[tuple[float, float]]:
-    """One run's (x_field, metric) points, from its rows that record both."""
-    return [(row[x_field], row[metric]) for row in run if row[x_field] is not None and row[metric] is not None]
+def run_curve(run: Sequence[Row], metric: str, x_field: str) -> tuple[list[tuple[float, float]], Weights]:
+    """One run's (x_field, metric) points, from its rows that record both, and their weights 1/SE² (None:
+    equal; `curve_errors` refuses a curve that mixes sample counts without errors)."""
+    rows = [row for row in run if row[x_field] is not None and row[metric] is not None]
+    errors = curve_errors(rows, metric) if rows else None
+    return [(row[x_field], row[metric]) for row in rows], errors and [1 / error**2 for error in errors]
 
 
 def horizon_target(base_run: Sequence[Row], metric: str, point: float) -> float:
     """A baseline run's value at one of its eval points (a horizon), read off its monotone fit over the
     eval points: the target an arm's run of the same seed is asked to reach."""
-    xs, fit = monotone_fit(run_curve(base_run, metric, "point"), not get_metric(metric).lower_is_better)
+    points, weights = run_curve(base_run, metric, "point")
+    xs, fit = monotone_fit(points, not get_metric(metric).lower_is_better, weights)
     return float(np.interp(point, xs, fit))
 
 
@@ -84,11 +94,12 @@ def seed_ratio(arm_run: Sequence[Row], base_run: Sequence[Row], metric: str, x_f
     ratio is an upper bound; ">" the arm never gets there, and its last x over the baseline's is a lower
     bound. NaN: the runs do not record x_field (or the baseline never reaches the target)."""
     higher = not get_metric(metric).lower_is_better
-    arm_curve = run_curve(arm_run, metric, x_field)
-    base = compute_to_target(run_curve(base_run, metric, x_field), target, higher)
+    arm_curve, arm_weights = run_curve(arm_run, metric, x_field)
+    base_curve, base_weights = run_curve(base_run, metric, x_field)
+    base = compute_to_target(base_curve, target, higher, base_weights)
     if not arm_curve or base is None or base <= 0:
         return math.nan, ""
-    arm = compute_to_target(arm_curve, target, higher)
+    arm = compute_to_target(arm_curve, target, higher, arm_weights)
     if arm is None:
         return max(x for x, _ in arm_curve) / base, ">"
     return arm / base, "<=" if arm == min(x for x, _ in arm_curve) else ""
@@ -100,8 +111,13 @@ class Target:
 
     Per seed the target is the baseline run's own value there, read off its monotone fit
     (`horizon_target`), and the ratio is the compute the arm's run of that seed needs to reach it over
-    the compute the baseline's needs (`seed_ratio`); `value` is the mean of the per-seed targets.
+    the compute the baseline's needs (`seed_ratio`); `value` is the mean of the per-seed targets, `values`
+    the per-seed ones. Where the baseline's curve goes back up, its fit pools horizons into one level:
+    when that makes every seed's target here the same as at an earlier horizon, the ratios here are that
+    horizon's too, one test and not two, and `repeats` names it (None otherwise).
     """
     point: float
     value: float
     ratios: dict[str, Ratio | None]  # by compute axis ("train_flops", "gpu_hours")
+    values: tuple[float, ...] = ()
+    repeats: float | None = None
