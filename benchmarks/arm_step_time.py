@@ -50,7 +50,7 @@ class ArmStep:
         trainer, state = self.trainer, self.trainer.state
         state.step = phase.start + k % phase.steps  # the phase's own draws (a demotion step's FLOPs follow its t)
         before = state.train_seconds + state.compile_seconds
-        trainer._step(phase, phase.flops_per_step[k % phase.steps], self.batch_iters, [], self.log)
+        trainer.step(phase, phase.flops_per_step[k % phase.steps], self.batch_iters, [], self.log)
         return state.train_seconds + state.compile_seconds - before, phase.flops_per_step[k % phase.steps]
 
 

@@ -17,6 +17,7 @@ from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.presets import PRESETS
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
@@ -24,9 +25,8 @@ from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import load_source, train
 from maskbench.train.checkpoint import RunDir
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
-from maskbench.train.loop import set_trainable
 from maskbench.train.schedule import make_schedule
-from maskbench.train.switch import crossed, skip_weight_norm
+from maskbench.train.switch import crossed, set_trainable, skip_weight_norm
 from tests.conftest import tiny_overrides
 
 BATCH = 2
@@ -42,7 +42,7 @@ def _loss(model: DiT, mask_ratio: float = 0.0) -> torch.Tensor:
     context = torch.randint(0, VOCAB_SIZE, (BATCH, cfg.text_len))
     keep_idx = random_keep_idx(BATCH, model.seq_len, mask_ratio, grid=model.grid)
     out = model(torch.randn(BATCH, 3, 32, 32), torch.rand(BATCH), context,
-                torch.ones(BATCH, cfg.text_len, dtype=torch.bool), keep_idx, torch.tensor([True, False]))
+                torch.ones(BATCH, cfg.text_len, dtype=torch.bool), torch.tensor([True, False]), StepInputs(keep_idx))
     return out.square().mean()
 
 

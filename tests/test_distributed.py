@@ -29,7 +29,8 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
-from maskbench.train.loop import Trainer, batch_digest, make_accelerator
+from maskbench.train.loop import Trainer, make_accelerator
+from maskbench.train.steplog import batch_digest
 from tests.conftest import tiny_overrides
 
 LOSS_RTOL = 1e-5   # float32 summation order; observed bit-identical on CPU

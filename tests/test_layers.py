@@ -39,10 +39,25 @@ def dynamic_import(node: ast.Call) -> str | None:
     return None
 
 
+def type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside `if TYPE_CHECKING:` blocks: imports for annotations, never executed, so they load
+    nothing (a module may name in a type hint the class that drives it, as `train.switch` names the Trainer)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            skipped |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return skipped
+
+
 def imports(path: Path, top: str = "maskbench") -> set[str]:
-    """Every module of package `top` a file imports, at any depth of its code, importlib loads included."""
+    """Every module of package `top` a file imports when it runs, at any depth of its code, importlib loads
+    included."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith(top)}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(top):
@@ -117,3 +132,13 @@ def test_an_importlib_loop_is_caught(tmp_path: Path) -> None:
 
 def test_the_layers_cover_every_module() -> None:
     assert all(layer(module) >= -1 for module in graph())
+
+
+def test_a_type_checking_import_loads_nothing_and_a_runtime_one_counts(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n")
+    (package / "b.py").write_text("import pkg.a\n")
+    assert import_loops(graph(package)) == []
+    (package / "a.py").write_text("from pkg.b import B\n")
+    assert import_loops(graph(package)) == ["pkg.a -> pkg.b -> pkg.a"]

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from maskbench.config import load_config
 from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT, LongSkipFusion, SkipGate, long_skip_pairs, skip_scales
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
 from maskbench.models.presets import PRESETS, ModelConfig
@@ -157,7 +158,7 @@ def test_each_skip_is_multiplied_by_its_gate_computed_from_the_skip(scale: str, 
     assert all(skip.scale == 1.0 for skip in model.long_skips.values())
     outputs, fused = _record(model)
     keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(2))
-    model(*_inputs(model, GATE_IMAGE), keep)
+    model(*_inputs(model, GATE_IMAGE), inputs=StepInputs(keep))
     for j, (block, source) in enumerate(long_skip_pairs(6)):  # j-th skip fused, innermost first
         gate = model.long_skip_gates[j if gates > 1 else 0]
         skip = outputs[source]                                                   # B×K×D

@@ -45,7 +45,7 @@ def test_each_purpose_has_its_own_stream_keyed_by_seed_stream_and_step():
 
 
 def test_the_draw_fingerprint_sees_every_byte_and_order():
-    from maskbench.train.loop import fingerprint
+    from maskbench.train.steplog import fingerprint
 
     x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     assert fingerprint(x) == fingerprint(x.clone())

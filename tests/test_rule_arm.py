@@ -88,7 +88,7 @@ def test_the_probe_costs_what_the_plan_charges(tmp_path, synth_root):
     batches = [next(iter(loader)) for loader in trainer.make_loaders()]
     phase = trainer.schedule.phases[0]
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:  # the fused kernel is not counted
-        value = trainer.probe_cosine(batches, phase, 0)
+        value = trainer.rules.probe_cosine(batches, phase, 0)
     planned = batch_step_flops(cfg, trainer.data, 0.0) + batch_step_flops(cfg, trainer.data, 0.75)
     assert counter.get_total_flops() == pytest.approx(planned, rel=0.02)
     assert -1.5 < value < 1.5

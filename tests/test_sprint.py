@@ -9,6 +9,7 @@ import torch
 from maskbench.config import load_config
 from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
+from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
 from maskbench.models.presets import ModelConfig
@@ -64,7 +65,7 @@ def test_fusion_and_path_drop_match_sprints_steps(masked: bool) -> None:
     keep = random_keep_idx(B, model.seq_len, 0.75, torch.Generator().manual_seed(1), grid=model.grid,
                            structured=True) if masked else None
     drop = torch.tensor([False, True, False])
-    out = model(*_inputs(model), keep, None, drop)
+    out = model(*_inputs(model), inputs=StepInputs(keep, drop_path=drop))
     assert out.shape == (B, model.seq_len, 4 * 4 * 3)  # a prediction for every token
     ids_keep = keep if masked else torch.arange(model.seq_len).expand(B, -1)
     expected = _sprint_decoder_input(seen["deep"], seen["dense"], ids_keep, model.sparse_fusion.mask_token, drop,
@@ -80,8 +81,8 @@ def test_path_drop_changes_only_the_dropped_samples() -> None:
     model = randomized(_model(**SPRINT), std=0.1)
     inputs = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, 0.75, torch.Generator().manual_seed(1), grid=model.grid, structured=True)
-    plain = model(*inputs, keep)
-    dropped = model(*inputs, keep, None, torch.tensor([False, True, False]))
+    plain = model(*inputs, inputs=StepInputs(keep))
+    dropped = model(*inputs, inputs=StepInputs(keep, drop_path=torch.tensor([False, True, False])))
     torch.testing.assert_close(dropped[[0, 2]], plain[[0, 2]])
     assert not torch.allclose(dropped[1], plain[1])
 
@@ -95,7 +96,7 @@ def test_the_mask_token_is_fixed_and_saved() -> None:
     assert all("mask_token" not in name for name, _ in model.named_parameters()) and model.mask_token is None
     assert idle_parameters(model.cfg, 0.0) == idle_parameters(model.cfg, 0.75) == []
     drop = torch.tensor([True, False, False])  # one caption dropped (null_context), one deep path dropped
-    randomized(model, std=0.1)(*_inputs(model), None, drop, drop).square().mean().backward()
+    randomized(model, std=0.1)(*_inputs(model), drop, StepInputs(drop_path=drop)).square().mean().backward()
     assert all(p.grad is not None for p in model.parameters())
 
 
@@ -110,7 +111,7 @@ def test_path_drop_draws_from_its_own_generator() -> None:
 def test_path_drop_needs_the_fusion() -> None:
     model = _model(mixer_depth=1, decoder_depth=1)
     with pytest.raises(ValueError, match="drop_path"):
-        model(*_inputs(model), None, None, torch.tensor([True, False, False]))
+        model(*_inputs(model), inputs=StepInputs(drop_path=torch.tensor([True, False, False])))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -5,7 +5,7 @@ randomness of a step (timesteps, noise, caption dropout, which tokens are droppe
 generator per purpose seeded by (run seed, data stream, step, purpose), so arms with one seed share
 every draw but the mask, and the loader seeks to its saved position on resume, so a resumed run is
 bit-identical to an uninterrupted one on CPU. Each eval point before the last is a cooled horizon: a
-decay branch run from the trunk and put back (`Trainer._branch`). Training seconds are the steps' own
+decay branch run from the trunk and put back (`horizons.run_branch`). Training seconds are the steps' own
 time: data wait, compilation, evaluation, checkpointing and resuming are counted apart; wall-clock never
 decides when a run stops.
 
@@ -21,14 +21,12 @@ and only rank 0 writes logs, evaluations and leaderboard rows.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import json
 import math
 import os
 import signal
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list, gather_object
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object
 from timm.layers import set_fused_attn
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -53,56 +51,29 @@ from maskbench.models.build import batch_context, build_model, loader_decoder
 from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import host_to_device, random_keep_idx
-from maskbench.models.objective import flow_loss, sample_t, windowed_flow_loss
+from maskbench.models.objective import sample_t, windowed_flow_loss
 from maskbench.models.presets import check_model
 from maskbench.models.routing import draw_route
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
+from maskbench.train.horizons import run_branch
 from maskbench.train.repa import make_repa
 from maskbench.train.schedule import (
     Horizon,
     PhasePlan,
     Schedule,
-    batch_step_flops,
     make_schedule,
-    rule_checks,
     step_generator,
 )
-from maskbench.train.switch import cosine_from_products, cross_products, crossed, skip_weight_norm, watches_val_loss
+from maskbench.train.steplog import batch_digest, draw_digest, write_step
+from maskbench.train.switch import PhaseRules, watches_val_loss
 from maskbench.train.timing import StepTimer
-from maskbench.train.tracking import flat_scalars, log_step
+from maskbench.train.tracking import flat_scalars
 
 
 class TrainingStopped(RuntimeError):
     """Training cannot go on (e.g. non-finite losses in a row); the message says why."""
-
-
-def batch_digest(batch: dict) -> int:
-    """crc32 of a batch's sample keys: a per-step fingerprint of what a stream read, cheap to log and gather."""
-    return zlib.crc32("\n".join(batch["key"]).encode())
-
-
-DIGEST_PRIME = 2**31 - 1  # fingerprints are exact int64 arithmetic modulo this prime, and fit a float64
-
-
-def fingerprint(x: torch.Tensor) -> torch.Tensor:
-    """An exact 31-bit fingerprint of a tensor's bytes, computed where the tensor lives (no host copy or
-    sync): Σ_i (word_i mod p)·(i + 1) mod p over its 32-bit words. Each product stays below 2^62 and
-    the sum of < 2^32 reduced terms below 2^63, so int64 never overflows."""
-    words = x.detach().contiguous().flatten()
-    words = (words.view(torch.int32) if words.element_size() == 4 else words.to(torch.int32)).long()  # N
-    index = torch.arange(1, words.numel() + 1, device=words.device) % DIGEST_PRIME                  # N
-    return ((words % DIGEST_PRIME) * index % DIGEST_PRIME).sum() % DIGEST_PRIME
-
-
-def draw_digest(*draws: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """One fingerprint of a step's shared draws (t, caption dropout, noise), on `device`: the log shows
-    that two arms with one seed drew the same."""
-    digest = torch.zeros((), dtype=torch.long, device=device)
-    for draw in draws:
-        digest = (digest * 31 + fingerprint(draw).to(device)) % DIGEST_PRIME
-    return digest
 
 
 def checkpoint_blocks(model: DiT) -> None:
@@ -118,15 +89,6 @@ def checkpoint_blocks(model: DiT) -> None:
 def attention_kernels(choice: str) -> contextlib.AbstractContextManager:
     """auto lets SDPA pick flash / memory-efficient kernels; math forces the unfused reference kernel."""
     return sdpa_kernel(SDPBackend.MATH) if choice == "math" else contextlib.nullcontext()
-
-
-def set_trainable(model: DiT, trainable: str) -> None:
-    """all: every parameter trains; skips: only the long-skip layers (Skip-DiT's stage 1). Frozen parameters
-    get no gradient, so autograd skips their weight grads and the optimizer leaves them (and their Adam
-    state) untouched."""
-    skips = {id(param) for _, param in model.skip_parameters()}
-    for param in model.parameters():
-        param.requires_grad_(trainable == Trainable.all or id(param) in skips)
 
 
 @dataclass
@@ -188,7 +150,7 @@ class Trainer:
             self.data = resolve_dataset(cfg.data, cfg.paths.data)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
-        self.branch: Horizon | None = None  # the cooled horizon being trained, if any (`_branch`)
+        self.branch: Horizon | None = None  # the cooled horizon being trained, if any (`horizons.run_branch`)
         self.last_checkpoint = time.monotonic()  # when the trunk last saved (periodic checkpoints)
 
     @property
@@ -237,7 +199,7 @@ class Trainer:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * sizes)
         self.state = TrainState()
         self.timer = StepTimer(acc.device)
-        self.trainable = Trainable.all  # what the model trains now (a phase may freeze all but the skips)
+        self.rules = PhaseRules(self)
         acc.register_for_checkpointing(self.ema, self.state)  # this order names their files (checkpoint.EMA_FILE)
         if acc.is_main_process:
             self.run.create(to_dict(cfg), environment(acc))
@@ -285,7 +247,7 @@ class Trainer:
             self.state.resume_seconds += time.perf_counter() - tick
         return loaders
 
-    def _save_positions(self, loaders: list[ShardLoader]) -> None:
+    def save_positions(self, loaders: list[ShardLoader]) -> None:
         """Every stream's loader position into the counters a checkpoint saves (the main process writes
         them, so the other ranks' positions are gathered to it)."""
         mine = {stream: loader.state_dict() for stream, loader in zip(self.streams, loaders)}
@@ -295,9 +257,9 @@ class Trainer:
 
     def _checkpoint(self, name: str, loaders: list[ShardLoader]) -> None:
         """Save the run here (with its loaders' positions); the time goes to its own counter."""
-        self._count_time(wait=True)
+        self.count_time(wait=True)
         tick = time.perf_counter()
-        self._save_positions(loaders)
+        self.save_positions(loaders)
         save_checkpoint(self.accelerator, self.run, name, self.state.step, self.cfg.train.keep_checkpoints)
         self.state.checkpoint_seconds += time.perf_counter() - tick
 
@@ -343,33 +305,6 @@ class Trainer:
         with acc.autocast():
             loss = windowed_flow_loss(self.net, *d.loss_args(), d.inputs, self.cfg.train.mae_weight, self.forward)
         return loss, draw_digest(d.t, d.drop, d.noise, device=acc.device)
-
-    def masked_share(self, phase: PhasePlan) -> float:
-        """A masked step's FLOPs over a full step's, on this run's model and batch (`Until.per_flop`)."""
-        return batch_step_flops(self.cfg, self.data, phase.mask_ratio) / batch_step_flops(self.cfg, self.data, 0.0)
-
-    def probe_cosine(self, batches: list[dict], phase: PhasePlan, step: int) -> float:
-        """The `grad_cosine_below` rule's measurement before the step's update: the debiased cosine between
-        the phase's masked gradient and the full-token one, each stream's micro-batch in `probe_splits`
-        parts with the step's own t, noise, dropout and mask (the plan charges one full and one masked pass
-        of the batch). Pairs are formed within a rank and their sums added over ranks."""
-        acc, net, splits = self.accelerator, self.net, phase.until.probe_splits
-        products = torch.zeros(3, dtype=torch.float64, device=acc.device)
-        for stream, batch in zip(self.streams, batches):
-            d = self.step_draws(batch, phase, stream, step)
-
-            def part_losses(idx: torch.Tensor, d: StepDraws = d) -> tuple[torch.Tensor, torch.Tensor]:
-                x0, noise, t, context, context_mask, drop = d.loss_args(idx)
-                loss = functools.partial(flow_loss, net, x0, noise, t.to(acc.device), context, context_mask, drop,
-                                         mae_weight=self.cfg.train.mae_weight)
-                masked = d.inputs.rows(idx)
-                with acc.autocast():
-                    return loss(inputs=masked.unmasked()), loss(inputs=masked)
-
-            parts = torch.arange(d.x0.shape[0], device=acc.device).tensor_split(splits)
-            with self.block_norms.paused():  # the probe's forwards are not the step's
-                products += cross_products([functools.partial(part_losses, idx) for idx in parts], net)
-        return cosine_from_products(acc.reduce(products, "sum").cpu())
 
     def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Backward over this rank's micro-batches; returns their losses and draw digests.
@@ -439,7 +374,7 @@ class Trainer:
         self.setup()
         point = self.schedule.eval_steps.get(self.state.step)
         if point is not None and point not in self.run.evaluated_points():
-            self._reach_point(point, save=False)  # stopped between the point's checkpoint and its evaluation
+            self.reach_point(point, save=False)  # stopped between the point's checkpoint and its evaluation
         with preemption_handler(self):
             return self._train(self.make_loaders())
 
@@ -455,12 +390,12 @@ class Trainer:
                 for horizon in self.schedule.horizons:
                     if horizon.fork == state.step and horizon.point not in self.run.evaluated_points():
                         self._checkpoint(f"step-{state.step:08d}", loaders)  # a branch cut short resumes here
-                        if self._branch(horizon, loaders):
+                        if run_branch(self, horizon):
                             bar.close()
                             return self._stop(True, loaders)
                         self.last_checkpoint = time.monotonic()
                 phase, flops = self.schedule.phase_at(state.step)
-                out = self._step(phase, flops, batch_iters, loaders, metrics_log)
+                out = self.step(phase, flops, batch_iters, loaders, metrics_log)
                 bad_in_row = 0 if out["finite"] else bad_in_row + 1
                 if bad_in_row >= cfg.train.max_bad_steps:
                     raise TrainingStopped(f"{bad_in_row} non-finite losses in a row at step {state.step}; "
@@ -471,8 +406,8 @@ class Trainer:
                                     f"loss {out['loss']:.4f}", refresh=False)
                 if state.step in self.schedule.eval_steps:
                     metrics_log.flush()
-                    self._save_positions(loaders)
-                    self._reach_point(self.schedule.eval_steps[state.step])
+                    self.save_positions(loaders)
+                    self.reach_point(self.schedule.eval_steps[state.step])
                     self.last_checkpoint = time.monotonic()
                 elif out["checkpoint_due"]:  # one decision for every rank: each enters the save's barrier
                     self._checkpoint(f"step-{state.step:08d}", loaders)
@@ -482,28 +417,27 @@ class Trainer:
                     bar.close()
                     return self._stop(out["stop"], loaders)
         bar.close()
-        self._count_time(wait=True)
+        self.count_time(wait=True)
         if acc.is_main_process:
             write_atomic(self.run.done, json.dumps({"step": state.step, "flops": state.flops,
                                                     "branches_flops": state.branches_flops,
                                                     "train_seconds": state.train_seconds}))
         return self.run.root
 
-    def _step(self, phase: PhasePlan, flops: int, batch_iters: list, loaders: list[ShardLoader], log) -> dict:
+    def step(self, phase: PhasePlan, flops: int, batch_iters: list, loaders: list[ShardLoader], log) -> dict:
         """One training step of the schedule in force: its counters and its line in `log`.
 
         The step's seconds (`StepTimer`: device time, read without a per-step synchronize) exclude the wait
         for its batches and what Dynamo spent compiling, which have their own counters."""
-        acc, state = self.accelerator, self.state
-        self._enter(phase)
+        state = self.state
+        self.rules.enter(phase)
         batches, wait = self.read_batches(batch_iters)
         self.timer.start()
         # A cosine rule's probe is part of the step it checks (the plan charges it there), on its weights before the update.
-        probed = (self.probe_cosine(batches, phase, state.step)
-                  if rule_checks(phase.until, state.step - phase.start + 1) else None)
+        probed = self.rules.probe_cosine(batches, phase, state.step) if self.rules.probes_now(phase) else None
         out = self.train_step(batches, wait, phase, state.step)
         self.timer.stop()
-        self._count_time()
+        self.count_time()
         state.skipped_nonfinite += not out["finite"]
         state.skipped_grad_norm += out["finite"] and not out["stepped"]
         state.step += 1
@@ -512,74 +446,15 @@ class Trainer:
         state.data_wait_seconds += out["data_wait"]
         state.bad_samples = dict(sum((Counter(loader.bad_counts()) for loader in loaders), Counter()))
         diagnostics = self.block_norms.step()
-        switch = self._check_rule(phase, probed) if self.branch is None else {}
-        if acc.is_main_process:
-            record = {
-                "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
-                "lr": self.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
-                "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
-                "data_digest": out["data_digest"], "draw_digest": out["draw_digest"],
-                "bad_samples": state.bad_samples, "skipped_nonfinite": state.skipped_nonfinite,
-                **diagnostics, **switch}
-            if self.cfg.train.skip_step_grad_norm is not None:
-                record["skipped_grad_norm"] = state.skipped_grad_norm
-            log.write(json.dumps(record) + "\n")
-            if self.cfg.train.log_with != "none" and self.branch is None:
-                log_step(acc, record, state.step)
+        switch = self.rules.check(phase, probed) if self.branch is None else {}
+        write_step(self, phase, out, {**diagnostics, **switch}, log)
         return out
 
-    def _count_time(self, wait: bool = False) -> None:
+    def count_time(self, wait: bool = False) -> None:
         """Add the step time measured so far to the counters; `wait`: all of it (before a row or a checkpoint)."""
         timing = self.timer.read(wait)
         self.state.train_seconds += timing.train
         self.state.compile_seconds += timing.compile
-
-    def _branch(self, horizon: Horizon, loaders: list[ShardLoader]) -> bool:
-        """Train a cooled horizon from the trunk's current step to its end, evaluate it, then put the trunk
-        back exactly as it was. Returns True when a stop signal cut the branch short (nothing of it kept:
-        the trunk checkpoint at the fork reruns it on resume).
-
-        The branch reads its own loaders, opened at the trunk's current position, so the trunk's stream is
-        untouched; from the fork on it is the standalone run of budget point × budget, step for step."""
-        trunk = self._snapshot()
-        self.branch = horizon
-        branch_loaders = self.make_loaders(trunk["positions"])
-        batch_iters = [iter(loader) for loader in branch_loaders]
-        stopped = False
-        with open(self.run.branch_metrics(horizon.point), "w") as log:
-            while self.state.step < horizon.schedule.total_steps and not stopped:
-                phase, flops = horizon.schedule.phase_at(self.state.step)
-                stopped = self._step(phase, flops, batch_iters, branch_loaders, log)["stop"]
-        if not stopped:
-            self._save_positions(branch_loaders)
-            self._reach_point(horizon.point)
-        del batch_iters, branch_loaders
-        self.branch = None
-        self._restore(trunk)
-        return stopped
-
-    # Counters of the whole process, not of one horizon's run: they carry over when the trunk is restored.
-    _RUN_COUNTERS = ("compile_seconds", "eval_seconds", "checkpoint_seconds", "resume_seconds")
-
-    def _snapshot(self) -> dict:
-        """Everything a branch changes, copied (the trunk resumes from it bit for bit)."""
-        self._count_time(wait=True)  # the trunk's last steps are the trunk's
-        return {"model": copy.deepcopy(self.net.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "scheduler": copy.deepcopy(self.scheduler.state_dict()), "ema": copy.deepcopy(self.ema.state_dict()),
-                "state": copy.deepcopy(self.state.state_dict()), "positions": dict(self.state.loader_state),
-                "repa": copy.deepcopy(self.repa.state_dict()) if self.repa is not None else None}
-
-    def _restore(self, trunk: dict) -> None:
-        state = self.state
-        carried = {name: getattr(state, name) for name in self._RUN_COUNTERS}
-        carried["branches_flops"] = trunk["state"]["branches_flops"] + state.branch_flops
-        self.net.load_state_dict(trunk["model"])
-        self.optimizer.load_state_dict(trunk["optimizer"])
-        self.scheduler.load_state_dict(trunk["scheduler"])
-        self.ema.load_state_dict(trunk["ema"])
-        if self.repa is not None:
-            self.repa.load_state_dict(trunk["repa"])
-        state.load_state_dict({**trunk["state"], **carried})
 
     def _stop(self, signalled: bool, loaders: list[ShardLoader]) -> Path:
         """Preemption (a signal on any rank) or a requested stop: save where we are so that rerunning resumes here."""
@@ -591,53 +466,11 @@ class Trainer:
                                "rerun the same command to resume")
         return self.run.root
 
-    # ---------------------------------------------------------------------------------- phases
-    def _enter(self, phase: PhasePlan) -> None:
-        """Before a step: freeze what the phase does not train, note where the first phase ended, and take
-        the baseline of a growth rule at the phase's first step."""
-        model = self.net
-        if phase.trainable != self.trainable:
-            set_trainable(model, phase.trainable)
-            self.trainable = phase.trainable
-        state = self.state
-        if phase.index > 0 and state.switch_step is None:
-            state.switch_step = phase.start
-            self.accelerator.print(f"switched to phase {phase.index} at step {phase.start}")
-        if phase.until is not None and phase.until.skip_norm_growth_below is not None and state.step == phase.start:
-            state.rule = {"previous": skip_weight_norm(model)}
-
-    def _check_rule(self, phase: PhasePlan, probed: float | None) -> dict:
-        """After a step of a rule phase, every `until.every` steps before its cap: measure (`probed`: the cosine
-        rule's measurement, taken during the step), and if the rule fires, end the phase here and replan the
-        rest of the budget. Returns what the step's log records."""
-        until, state = phase.until, self.state
-        done = state.step - phase.start
-        if until is None or done % until.every or done >= phase.steps:
-            return {"until": {"phase": phase.index, "value": None, "fired": False, "cosine": probed}} \
-                if probed is not None else {}  # the probe the plan charged at the phase's last step: nothing to decide
-        if watches_val_loss(until):
-            value = self.validation(self, self.ema.model)
-        elif until.grad_cosine_below is not None:
-            value = probed / self.masked_share(phase) if until.per_flop else probed
-        else:
-            value = skip_weight_norm(self.net)
-        fired = crossed(until, value, state.rule, self.start.val_loss if self.start else None)
-        if self.accelerator.num_processes > 1:  # one decision for every rank
-            fired = broadcast_object_list([fired])[0]
-        record = {"until": {"phase": phase.index, "value": value, "fired": fired,
-                            **({"cosine": probed} if probed is not None else {})}}
-        if fired:
-            state.phase_ends = {**state.phase_ends, phase.index: done}
-            self.schedule = make_schedule(self.cfg, self.data, self.n_streams, state.phase_ends)
-            self.accelerator.print(f"phase {phase.index}'s rule fired after {done} steps (step {state.step}); "
-                                   f"{self.schedule.total_steps - state.step} steps left")
-        return record
-
     # ---------------------------------------------------------------------------------- points
-    def _reach_point(self, point: float, save: bool = True) -> None:
+    def reach_point(self, point: float, save: bool = True) -> None:
         """Checkpoint an eval point, then hand it to `on_point` (evaluation lives above training); each
         has its own time counter, which the point's row reports."""
-        self._count_time(wait=True)
+        self.count_time(wait=True)
         if save:
             tick = time.perf_counter()
             save_checkpoint(self.accelerator, self.run, RunDir.point_name(point), self.state.step,
