@@ -51,15 +51,24 @@ def train_one(cfg) -> int:
     except (TooManyBadSamples, TrainingStopped) as err:
         return fail(str(err), code=1)
     finally:
-        trainer.accelerator.end_training()  # destroys the process group: no rank exits mid-collective
+        for tracker in trainer.accelerator.trackers:  # what end_training does, less destroying the process group:
+            tracker.finish()                          # a sweep's next cell trains in it (main() destroys it once)
     if trainer.stop_signal is not None:
         return 130
-    trainer.accelerator.print(f"run directory: {run_dir}")
+    csv = cfg.paths.leaderboard
+    trainer.accelerator.print(f"run directory: {run_dir}\nrows appended to {csv}; compare the arms with "
+                              f"`maskbench leaderboard {csv}`")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.overrides)
+    if args.cfg:  # Hydra's `--cfg job`: the resolved config, as the run directory's config.yaml will hold it
+        import yaml
+
+        from maskbench.config import to_dict
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
     return print_plan(cfg) if args.dry_run else train_one(cfg)
 
 
@@ -287,7 +296,9 @@ def add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. arm=mask75 seed=1")
     run.add_argument("--dry-run", action="store_true",
                      help="check the data, weights, shapes and budget and print the plan (phases, eval steps, "
-                          "FLOPs, estimated time); train and write nothing")
+                          "FLOPs, estimated time once this machine has a run of the model); train and write nothing")
+    run.add_argument("--cfg", action="store_true",
+                     help="print the resolved config (every key, defaults filled in: Hydra's --cfg job) and exit")
     run.set_defaults(func=cmd_run)
 
 
@@ -370,17 +381,23 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
     board.description = ("Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and summarise each "
                          "(dataset, model, budget) group per arm and eval point (mean ± 95% CI over seeds), then "
                          "compare each arm with the baseline on FD and validation loss side by side (co-primary): "
-                         "at the final point the difference with its paired t-interval and bootstrap interval, p, "
-                         "the minimum detectable effect (80% power), a verdict that claims no more than the "
-                         "interval (better / worse / no difference detected); at each of the baseline's horizons "
-                         "the per-seed ratios of FLOPs and device-hours to reach the baseline's value there, read "
-                         "off monotone fits of each run's curve; and where the two metrics disagree. A study's "
-                         "PLAN.md beside the CSV (or --plan) sets the primary metrics, baseline, alpha, the "
-                         "multiplicity correction and what pays; without one every reading is exploratory.")
+                         "at the final point the difference with its paired t-interval, p, the minimum detectable "
+                         "effect (80% power), a verdict that claims no more than the interval (better / worse / "
+                         "no difference detected); at each of the baseline's horizons the per-seed ratios of FLOPs "
+                         "and device-hours to reach the baseline's value there, read off monotone fits of each "
+                         "run's curve; and where the two metrics disagree. Then, for each group with the baseline "
+                         "at >= 3 horizons, the compute curves: each arm's L(C) = E + A·(C/B)^-alpha fitted per "
+                         "seed, the compute multiplier M at each horizon, the crossover C* where M reaches 1 (or "
+                         "none within k× of B) and the held-out check (the fit on horizons <= B/2 predicting B). "
+                         "Runs pair only when their device, precision and draw scheme match. A study's PLAN.md "
+                         "beside the CSV (or --plan) sets the primary metrics, baseline, alpha, the multiplicity "
+                         "correction and what pays; without one every reading is exploratory.")
     board.add_argument("csvs", nargs="*", metavar="CSV",
                        help="leaderboard CSVs (default: results/leaderboard.csv and results/reference.csv)")
     board.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
-    board.add_argument("--plot", metavar="PNG", help="write FID vs GPU-hours and FID vs FLOPs plots here")
+    board.add_argument("--plot", metavar="PNG",
+                       help="write FID vs GPU-hours and FID vs FLOPs plots here, and the compute curves (val loss "
+                            "and FD against FLOPs with their fits) beside it, to PNG's name with _fits")
     board.add_argument("--baseline",
                        help="arm the others are compared to: paired by seed where every seed has a partner, "
                             "Welch's unpaired test otherwise (default: the plan's, else mask0)")
@@ -503,6 +520,23 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except UserError as err:  # bad input: one line, exit 2 (anything else is a bug: its traceback shows)
         return fail(str(err).strip().splitlines()[0])
+    finally:
+        end_process_group()
+
+
+def end_process_group() -> None:
+    """Destroy the process group of a multi-process launch once, when the command is done: a sweep's cells and
+    repro's reruns each make an Accelerator, and all of them share the one group (destroyed after a cell, the next
+    cell's trainer would find accelerate's state initialized and no group: "Default process group has not been
+    initialized"). accelerate's state is reset with it, so a later command in this process starts afresh."""
+    torch = sys.modules.get("torch")  # commands that never loaded torch started no group
+    if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    from accelerate.state import AcceleratorState, GradientState
+
+    torch.distributed.destroy_process_group()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from PIL import Image
 from torch import nn
+from tqdm import tqdm
 
 from maskbench.config import EvalConfig
 from maskbench.data.dataset import DatasetInfo
@@ -215,7 +216,10 @@ def generate(model: nn.Module, evalset: EvalSet, indices: range, cfg: EvalConfig
     shape = tuple(evalset.images.shape[1:])                                         # C×H×W (or C×h×w)
     side = decoder.resolution if decoder else shape[-1]
     out = [torch.zeros((0, side, side, 3), dtype=torch.uint8)]
-    for start in range(indices.start, indices.stop, cfg.batch_size):
+    starts = range(indices.start, indices.stop, cfg.batch_size)
+    bar = tqdm(starts, desc="sampling", unit="batch", leave=False, dynamic_ncols=True,
+               disable=indices.start != 0 or len(starts) < 2)  # the rank holding the first prompts shows it
+    for start in bar:
         stop = min(start + cfg.batch_size, indices.stop)
         noise = fixed_noise(range(start, stop), shape, cfg.noise_seed).to(device)   # B×C×H×W
         context, mask = batch_context(model, evalset.batch(start, stop), device)

@@ -39,6 +39,7 @@ from maskbench.eval.evaluate import Evaluator, check_eval_inputs, validation_los
 from maskbench.eval.fid import DinoV2Features, InceptionFeatures, MissingWeights
 from maskbench.files import write_folder_digests
 from maskbench.manifest import read_manifest
+from maskbench.metrics import METRICS
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.presets import ModelConfig
@@ -137,8 +138,19 @@ class PointRecorder:
         row = leaderboard_row(trainer.cfg, trainer.data, state, point, result, trainer.params, acc.num_processes,
                               device_name(acc.device), utilisation, precision_name(acc.mixed_precision))
         record_point(trainer.run, row, result, trainer.cfg.paths.leaderboard)
+        print(point_line(row), flush=True)
         if trainer.cfg.train.log_with != "none":
             log_eval(acc, result, state.step)
+
+
+def point_line(row: dict) -> str:
+    """An evaluated point in one console line: each metric the row has, with its sampling error."""
+    measured = [f"{metric.label} {row[metric.name]:.4g}" + (f" ± {row[metric.se_column]:.2g}"
+                                                           if row.get(metric.se_column) is not None else "")
+                for metric in METRICS if row.get(metric.name) is not None]
+    where = f"horizon {row['point']:g}" if row["point"] < 1 else "point 1"
+    return (f"{where} (step {row['step']}, {row['train_flops']:.3g} FLOPs): {', '.join(measured)}"
+            + (f" ({row['fid_n']} samples)" if row.get("fid_n") else ""))
 
 
 # Model fields a converted run may change from its source: the long skips it adds, and the kernel choice.
@@ -209,6 +221,7 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     recorder = PointRecorder()
     trainer = Trainer(cfg, on_point=recorder, start=start, validation=recorder.validation_loss)
     check_eval_inputs(trainer.data, cfg.eval)
+    trainer.accelerator.print("\n".join(plan_lines(cfg, trainer.data, trainer.schedule, exists=True)), flush=True)
     return trainer
 
 
@@ -314,6 +327,8 @@ def plan_lines(cfg: RunConfig, data: DatasetInfo, schedule: Schedule, exists: bo
     total = schedule.total_flops + branches
     lines.append(f"FLOPs     {total:.3g} ({schedule.total_flops:.3g} trunk + {branches:.3g} branches), "
                  f"{schedule.total_steps} trunk steps")
+    lines.append(f"paired    with every arm of seed {cfg.seed}: initial weights, batches, t, caption dropout, noise "
+                 f"({DRAW_SCHEME}); the mask is the arm's own")
     rate = measured_rate(cfg)
     lines.append(f"time      ~{total / rate[0] / 60:.3g} min at {rate[0]:.3g} FLOP/s, measured by {rate[1]}"
                  if rate else "time      no measured step rate yet")

@@ -390,10 +390,14 @@ class Trainer:
                 for horizon in self.schedule.horizons:
                     if horizon.fork == state.step and horizon.point not in self.run.evaluated_points():
                         self._checkpoint(f"step-{state.step:08d}", loaders)  # a branch cut short resumes here
+                        bar.clear()
+                        acc.print(f"horizon {horizon.point:g}: its decay branch, steps {horizon.fork}-"
+                                  f"{horizon.schedule.total_steps - 1}, then its evaluation")
                         if run_branch(self, horizon):
                             bar.close()
                             return self._stop(True, loaders)
                         self.last_checkpoint = time.monotonic()
+                        bar.unpause()  # the rate and ETA count the trunk's steps, not branches or evaluations
                 phase, flops = self.schedule.phase_at(state.step)
                 out = self.step(phase, flops, batch_iters, loaders, metrics_log)
                 bad_in_row = 0 if out["finite"] else bad_in_row + 1
@@ -407,11 +411,14 @@ class Trainer:
                 if state.step in self.schedule.eval_steps:
                     metrics_log.flush()
                     self.save_positions(loaders)
+                    bar.clear()
                     self.reach_point(self.schedule.eval_steps[state.step])
                     self.last_checkpoint = time.monotonic()
+                    bar.unpause()
                 elif out["checkpoint_due"]:  # one decision for every rank: each enters the save's barrier
                     self._checkpoint(f"step-{state.step:08d}", loaders)
                     self.last_checkpoint = time.monotonic()
+                    bar.unpause()
                 if out["stop"] or state.step == cfg.train.stop_at_step:
                     metrics_log.flush()
                     bar.close()
