@@ -33,7 +33,8 @@ class Metric:
 # The statistics' order (their CSV columns follow it); FD-DINOv2 is recorded but not yet compared.
 METRICS: tuple[Metric, ...] = (
     Metric("fid", "FD", True, "Fréchet distance of the samples' features to the reference statistics, in the "
-           "space `fid_features` names (Inception; the oracle's on synth); bootstrap SD over samples"),
+           "space `fid_features` names (Inception; the oracle's on synth); bootstrap SD over samples",
+           features="fid_features"),
     Metric("clip_score", "CLIP", False, "CLIP cosine of each sample with its prompt; bootstrap SD over samples"),
     Metric("val_loss", "val loss", True, "fixed-t validation loss over held-out samples; standard error",
            log_axis=True),
