@@ -1,5 +1,6 @@
 """Fréchet distance, feature statistics, offline Inception loading, multi-rank gathering."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -132,27 +133,36 @@ def test_inception_rejects_float_images(tiny_inception):
 
 
 GATHER_SCRIPT = """
-import numpy as np, sys
+import json, sys
+import numpy as np, torch
 from accelerate import Accelerator
-from maskbench.eval.fid import gather_features
+from maskbench.eval.fid import gather_to_main
 acc = Accelerator(cpu=True)
 rank = acc.process_index
-local = np.full((3 - rank, 4), rank, dtype=np.float32)  # uneven: rank 0 has 3 rows, rank 1 has 2
-gathered = gather_features(local, acc)
-if rank == 0:
-    np.save(sys.argv[1], gathered)
+held = []  # the rows each gather call leaves on this rank: its send, and on the main process what it receives
+original = torch.distributed.gather
+def counting(tensor, gather_list=None, dst=0):
+    held.append(tensor.shape[0] + sum(t.shape[0] for t in gather_list or []))
+    return original(tensor, gather_list, dst=dst)
+torch.distributed.gather = counting
+local = np.stack([np.full(4, 10 * rank + i, dtype=np.float32) for i in range(5 - 2 * rank)])  # 5 rows, then 3
+gathered = gather_to_main(local, acc, chunk=2)
+json.dump({"gathered": None if gathered is None else gathered[:, 0].tolist(), "held": held},
+          open(f"{sys.argv[1]}-{rank}.json", "w"))
 acc.wait_for_everyone()
 acc.end_training()  # destroy the process group, so no rank exits mid-collective
 """
 
 
-def test_gather_features_two_ranks_uneven(tmp_path):
+def test_only_the_main_process_gathers_the_rows_in_rank_order_a_chunk_at_a_time(tmp_path):
+    """Uneven shares (5 rows and 3), 2 rows a round: rank 0 gets all 8 in order, rank 1 nothing; no gather call
+    holds more than a round's rows on either rank (2 sent, plus 2 × 2 received on rank 0)."""
     script = tmp_path / "gather.py"
     script.write_text(textwrap.dedent(GATHER_SCRIPT))
-    out = tmp_path / "gathered.npy"
+    out = tmp_path / "gathered"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd = [*torchrun, str(script), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*torchrun, str(script), str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    gathered = np.load(out)
-    np.testing.assert_array_equal(gathered[:, 0], [0, 0, 0, 1, 1])
+    main, other = (json.loads((tmp_path / f"gathered-{rank}.json").read_text()) for rank in (0, 1))
+    assert main["gathered"] == [0, 1, 2, 3, 4, 10, 11, 12] and other["gathered"] is None
+    assert main["held"] == [2 + 2 * 2] * 3 and other["held"] == [2] * 3  # 3 rounds: ceil(5 / 2)

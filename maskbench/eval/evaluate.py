@@ -36,7 +36,7 @@ from maskbench.eval.fid import (
     InceptionFeatures,
     bootstrap_counts,
     bootstrap_frechet,
-    gather_features,
+    gather_to_main,
     load_stats,
     reference_stats,
 )
@@ -312,8 +312,9 @@ class Evaluator:
             result = self.loss_metrics(model, accelerator)
             share = rank_share(samples_at(self.cfg, point), rank, world)
             images, scores = run_stage(lambda: self.sample_and_score(model, share), accelerator)
-            if world > 1:
-                images = torch.from_numpy(gather_features(images, accelerator))     # N×H×W×3, prompt order
+            if world > 1:  # only the main process writes the samples and scores them: only it holds them all
+                gathered = gather_to_main(images, accelerator)                       # N×H×W×3, prompt order
+                images = torch.from_numpy(gathered) if gathered is not None else None
             scores = concat_ranks(scores, accelerator)
             return run_stage(lambda: self._report(result, images, scores, out_dir) if rank == 0 else None,
                              accelerator)

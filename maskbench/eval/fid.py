@@ -191,18 +191,37 @@ def reference_stats_many(image_batches: Iterable[np.ndarray | torch.Tensor],
     return stats
 
 
-def gather_features(features: np.ndarray | torch.Tensor, accelerator: Accelerator) -> np.ndarray:
-    """All ranks' features, concatenated in rank order, on every rank.
+GATHER_ROWS = 256  # rows each rank sends per round of `gather_to_main`: what bounds a rank's extra memory
 
-    Ranks may hold different counts (the eval prompts need not split evenly), which a plain
-    all_gather cannot take: pad to the largest count, gather, then cut each rank's padding off.
+
+def gather_to_main(rows: np.ndarray | torch.Tensor, accelerator: Accelerator,
+                   chunk: int = GATHER_ROWS) -> np.ndarray | None:
+    """Every rank's rows (images, features), concatenated in rank order, on the main process only (None on the
+    others), `chunk` rows per rank per round.
+
+    Only the main process writes samples and computes metrics, so only it needs them all; an all-gather would
+    put every image on every rank (~10 GB a rank at 50k samples of 256 px). Ranks may hold different counts
+    (the prompts need not split evenly): each round pads to `chunk` rows and the padding is cut off. A rank
+    holds one round on its device; the main process, world × one round, plus the result on the host.
     """
-    local = torch.as_tensor(features, device=accelerator.device)  # n_rank×F
-    count = torch.tensor([local.shape[0]], device=accelerator.device)
-    counts = accelerator.gather(count).tolist()  # world
-    padded = accelerator.pad_across_processes(local, dim=0)  # max_n×F
-    gathered = accelerator.gather(padded).view(len(counts), -1, *local.shape[1:])  # world×max_n×F
-    return torch.cat([rank_rows[:n] for rank_rows, n in zip(gathered, counts)]).cpu().numpy()  # N×F
+    local = torch.as_tensor(rows)                                                      # n_rank×…
+    device, world = accelerator.device, accelerator.num_processes
+    counts = accelerator.gather(torch.tensor([local.shape[0]], device=device)).tolist()  # world
+    main = accelerator.is_main_process
+    kept: list[list[torch.Tensor]] = [[] for _ in counts]
+    for start in range(0, max(counts), chunk):
+        part = torch.zeros((chunk, *local.shape[1:]), dtype=local.dtype)              # chunk×…, padded
+        mine = local[start:start + chunk]
+        part[:len(mine)] = mine
+        part = part.to(device)
+        received = [torch.empty_like(part) for _ in range(world)] if main else None
+        torch.distributed.gather(part, received, dst=0)
+        if main:
+            for rank, (got, n) in enumerate(zip(received, counts)):
+                kept[rank].append(got[:max(0, min(chunk, n - start))].cpu())
+    if not main:
+        return None
+    return torch.cat([torch.cat(parts) if parts else local[:0] for parts in kept]).numpy()  # N×…
 
 
 def as_uint8_images(images: np.ndarray | torch.Tensor) -> np.ndarray:
