@@ -377,6 +377,35 @@ def add_eval(evaluate: argparse.ArgumentParser) -> None:
     evaluate.set_defaults(func=cmd_eval)
 
 
+def add_sample(sample: argparse.ArgumentParser) -> None:
+    sample.description = ("Draw images from a trained run's EMA weights at one of its eval points, with the sampler "
+                          "and settings its evaluation used, and write them as one grid PNG, each under its prompt.")
+    sample.epilog = ('example:\n  maskbench sample runs/mask75_then0-synth-micro_s-s0-XXXXXXXX '
+                     '--prompt "a small red circle above a large blue square" --n 16 --out grid.png')
+    sample.formatter_class = argparse.RawDescriptionHelpFormatter
+    sample.add_argument("run_dir", metavar="RUN_DIR")
+    sample.add_argument("--prompt", action="append", required=True,
+                        help="a caption to draw (repeat for several; the images take them in turn)")
+    sample.add_argument("--n", type=int, default=16, help="images to draw (default 16)")
+    sample.add_argument("--point", type=float, help="the eval point's weights (default: the last one saved)")
+    sample.add_argument("--out", type=Path, help="grid PNG to write (default RUN_DIR/samples/sample-<point>.png)")
+    sample.add_argument("--seed", type=int, default=0, help="noise seed: image i's noise depends on (seed, i) alone")
+    sample.add_argument("--steps", type=int, help="Euler steps (default: the run's eval.sampler_steps)")
+    sample.add_argument("--cfg-scale", type=float, help="guidance scale (default: the run's eval.cfg_scale)")
+    sample.add_argument("--text-weights", help="latent data: the text tower's weights, where not the path the "
+                                               "shards' manifest records")
+    sample.set_defaults(func=cmd_sample)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from maskbench.runs.sample import sample_run
+
+    path = sample_run(args.run_dir, args.prompt, args.n, args.point, args.out, args.seed, args.steps,
+                      args.cfg_scale, args.text_weights)
+    print(f"wrote {path}")
+    return 0
+
+
 def add_leaderboard(board: argparse.ArgumentParser) -> None:
     board.description = ("Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and summarise each "
                          "(dataset, model, budget) group per arm and eval point (mean ± 95% CI over seeds), then "
@@ -484,6 +513,7 @@ COMMANDS = {  # name -> (one-line help, the function that adds its arguments and
     "arms": ("list the shipped arms with their phases", add_arms),
     "data": ("build and check shards (synth, pack, verify, encode)", add_data),
     "eval": ("(re)evaluate a run's checkpoints, or build FID reference statistics", add_eval),
+    "sample": ("draw images for your prompts from a trained run's EMA weights, as one grid PNG", add_sample),
     "leaderboard": ("compare arms: mean ± 95%% CI per eval point, paired comparisons with verdicts, "
                     "compute-to-target, plots (--mlperf: MLPerf-style scores)",
                     add_leaderboard),

@@ -6,7 +6,7 @@ real formats (`world`: latent shards with their manifest and reference statistic
 the documented /models paths, the repository's leaderboard CSVs, a run directory), and run in-process
 through `maskbench.cli.main`: `run` and `sweep` with `--dry-run` (every check a run makes, no
 training); `arms`, `leaderboard`, `sweep --emit/--status/--list-studies`, `data verify` for real; the
-rest parsed by the real parser, `eval`, `eval reference` and `data synth` through their handlers up to the
+rest parsed by the real parser, `eval`, `eval reference`, `sample` and `data synth` through their handlers up to the
 work itself, so an unknown option, key, arm or preset fails.
 """
 
@@ -242,7 +242,7 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     """Run one documented command as the module docstring says; its exit code."""
     from maskbench.data import dataset
     from maskbench.eval import reference
-    from maskbench.runs import reevaluate
+    from maskbench.runs import reevaluate, sample
 
     if runs_training(argv):
         return cli.main([*argv, "--dry-run"])
@@ -251,6 +251,7 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
         return 0
     # up to the work itself: overrides composed and validated against the recorded / packaged config
     monkeypatch.setattr(reevaluate, "evaluate_run", lambda *args, **kwargs: [])
+    monkeypatch.setattr(sample, "sample_run", lambda *args, **kwargs: Path("grid.png"))  # run in tests/test_sample.py
     monkeypatch.setattr(reference, "build_reference", lambda *args, **kwargs: [])
     monkeypatch.setattr(dataset, "resolve_dataset", functools.partial(dataset.resolve_dataset, create=False))
     return cli.main(argv)
