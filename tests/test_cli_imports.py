@@ -22,7 +22,7 @@ print(code, "torch" in sys.modules, "timm" in sys.modules)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["arms"],
-                                  ["leaderboard", "results/leaderboard.csv", "--format", "markdown"],
+                                  ["leaderboard", "results/pre_crn/leaderboard.csv", "--format", "markdown"],
                                   ["sweep", "arm=mask0,mask75", "seed=0,1", "--emit", "slurm"]])
 def test_instant_commands_do_not_import_torch(argv: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", CHILD, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -427,12 +427,12 @@ def test_comparisons_render_in_every_format(paired_board):
 
 
 def test_the_committed_leaderboard_renders_with_paired_comparisons(capsys):
-    rows = read_rows(["results/leaderboard.csv"], on_error="abort")
+    rows = read_rows(["results/pre_crn/leaderboard.csv"], on_error="abort")
     compared = [r for r in summarize(rows) if r.comparisons and r.model == "tiny"]  # the two-seed results
     differences = [c.difference for r in compared for c in r.comparisons.values()]
     assert len(compared) == 8 and len(differences) == 16 and all(d.test == "paired" for d in differences)
     assert all(d.n == 2 for d in differences)
-    assert leaderboard_main(["results/leaderboard.csv"], "table", None, "mask0", "abort") == 0
+    assert leaderboard_main(["results/pre_crn/leaderboard.csv"], "table", None, "mask0", "abort") == 0
     out = capsys.readouterr().out  # every paired t-interval printed, and no bootstrap column
     assert all(f"[{d.lo:.3g}, {d.hi:.3g}]" in out for d in differences if not math.isnan(d.lo))
     assert "bootstrap" not in out
@@ -537,10 +537,10 @@ def test_mlperf_needs_ten_runs_per_arm(ten_seeds, capsys):
     assert [s.arm for s in scores] == ["mask0", "mask75"]
     assert notes == ["synth/tiny/1e+12: MLPerf scoring needs >= 10 finished runs per arm; runs with a final fid: "
                      "mask0 10, mask50 5, mask75 10"]
-    assert leaderboard_main(["results/leaderboard.csv"], "table", None, "mask0", "skip", mlperf=True) == 1
+    assert leaderboard_main(["results/pre_crn/leaderboard.csv"], "table", None, "mask0", "skip", mlperf=True) == 1
     err = capsys.readouterr().err
     assert "--mlperf scores arms with >= 10 finished runs" in err and "mask0 2" in err
-    assert leaderboard_main(["results/leaderboard.csv"], "table", "x.png", "mask0", "skip", mlperf=True) == 2
+    assert leaderboard_main(["results/pre_crn/leaderboard.csv"], "table", "x.png", "mask0", "skip", mlperf=True) == 2
 
 
 def _through_csv(tmp_path, rows: list[dict]) -> list[dict]:
