@@ -142,3 +142,13 @@ def test_a_type_checking_import_loads_nothing_and_a_runtime_one_counts(tmp_path:
     assert import_loops(graph(package)) == []
     (package / "a.py").write_text("from pkg.b import B\n")
     assert import_loops(graph(package)) == ["pkg.a -> pkg.b -> pkg.a"]
+
+
+def test_the_layout_page_names_every_module() -> None:
+    """docs/layout.md is where a newcomer finds a module: every module's file name is on it (a source adapter's by
+    its name, in the `sources/ (...)` list), so a module added without a line there fails here."""
+    text = (PACKAGE.parent / "docs" / "layout.md").read_text()
+    missing = [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name != "__init__.py" and path.name not in text
+               and not (path.parent.name == "sources" and path.stem in text)]
+    assert missing == []
