@@ -1,78 +1,150 @@
 #!/usr/bin/env bash
-# The whole user path on one CUDA GPU, in under 8 minutes, with the very commands a user runs:
-#   stand-in networks (random VAE, random open_clip, stand-in TorchScript Inception; no weights to fetch)
-#   -> maskbench data synth (pixel shards) -> maskbench data encode (latent shards, 64 px -> 4x32x32)
-#   -> maskbench eval reference (held-out pixels behind the latent val split)
-#   -> maskbench run on the latents: dit_s2, bf16, Triton gather/scatter, torch.compile, a few hundred
-#      steps, eval points with decoded samples, FID (stand-in Inception, labelled so), CLIP score, grid
-#   -> what breaks first on a GPU: a demotion arm on latents (downscale_window on the encoded 0.5 latents,
-#      sub-batches of changing size under compile), maskdit50 across its switch (a parameter idle in one phase)
-#   -> maskbench repro -> kernel bandwidth, step-time ratios and MFU (benchmarks/*.py)
-# Figures land in results/gpu_check.json (and a log per step in results/gpu_check/); GPU_CHECK_RESULTS
-# puts them elsewhere, GPU_CHECK_DIR keeps the data and run (default: a fresh temporary folder).
-# Exit status: 0 when every step passed (or when there is no GPU: one line says so), 1 otherwise.
+# The first command on a GPU machine: one run of at most 8 minutes that brings back the evidence maskbench lacks.
 #
-#     bash benchmarks/gpu_check.sh            # on a GPU machine
-#     bash benchmarks/gpu_check.sh --cpu      # the same commands at toy size on the CPU (a dry run of the script)
+#     bash benchmarks/gpu_check.sh [--out DIR]          # on a CUDA GPU (an H200: about 7 minutes at most)
+#     bash benchmarks/gpu_check.sh --cpu [--out DIR]    # the same steps at toy size on the CPU (a dry run)
+#     bash benchmarks/gpu_check.sh --plan               # the steps and their time limits; runs nothing
+#
+# On an air-gapped device, run it through the kit's command (bash benchmarks/device/kit.sh prints it), which
+# installs the wheels the device lacks and passes --out "$OUT".
+#
+# Steps, each under `timeout -k` with its own limit (the GPU limits add up to 420 s; +3 s each to kill):
+#   env        CUDA usable, the device (name, multiprocessors, memory), every package maskbench imports and its
+#              version, a bf16 matrix product (checked, TFLOP/s) and a 2 GiB copy (GB/s)
+#   kernels    the Triton gather/scatter against torch, forward and backward, checked then timed: GB/s against
+#              the spec peak and the measured copy (benchmarks/kernels.py --quick)
+#   standins, synth, encode, reference
+#              stand-in VAE, CLIP and Inception (no weights to fetch); synth pixel shards; latent shards
+#              (maskbench data encode, 64 px -> 4x32x32, with --demote 0.5); FID reference statistics
+#   train      a compiled mask75_then0 (Triton kernels, bf16, Inductor) of a few hundred steps on the latents,
+#              through one evaluation: FID (stand-in Inception), CLIP score (stand-in CLIP), the sample grid;
+#              Dynamo's graph, graph-break and recompile counts
+#   arms       every shipped arm for a few steps on the synth pixels, Triton kernels, compile on, bf16, with
+#              Dynamo's counts per arm (Dynamo's aot_eager backend: the same graphs, breaks and recompiles as
+#              Inductor, without its code generation), and each arm's draws (t, dropout, noise) against mask0's
+#   ddp        two processes on the one GPU (torchrun, gloo) sweeping maskdit50 and mask75_until_cosine (its rule
+#              checked every 2 steps) across their switches: DDP with a parameter idle in one phase, the probe
+# A failed step does not stop the others. After every step the report is rewritten, so whatever has run is
+# reported even if the whole command is cut short; at the end the logs and grids are packed.
+#
+# Results, and nothing else, go under DIR (default: results/): gpu_check.json (each step's status, seconds,
+# limit and first error line, then the figures) and gpu_check.tar.gz (logs/, grids/, the runs' metrics and
+# eval records). The data and runs live in GPU_CHECK_DIR (default: a fresh temporary folder). GPU_CHECK_ARMS
+# limits the arms step to the arms named (default: every shipped arm).
+# Exit status: 0 when every step passed (or when there is no GPU: one line says so), 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-mode=${1:-gpu}
-if [ "$mode" != "--cpu" ] && ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+PY=${PYTHON:-python3}
+mode=gpu out=${GPU_CHECK_OUT:-results} plan=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cpu) mode=cpu ;;
+    --out) out=$2; shift ;;
+    --plan) plan=1 ;;
+    *) echo "usage: bash benchmarks/gpu_check.sh [--cpu] [--out DIR] [--plan]" >&2; exit 2 ;;
+  esac
+  shift
+done
+KILL_S=3
+if [ "$mode" = cpu ]; then  # toy sizes, Triton interpreted where installed, no Inductor: checks the script
+  L_ENV=60 L_KERNELS=60 L_STANDINS=60 L_SYNTH=60 L_ENCODE=120 L_REFERENCE=60 L_TRAIN=240 L_ARMS=1800 L_DDP=300
+  n_train=128 n_val=32 batch=8 n_samples=8 val_samples=16 jobs=1 kernels_args="--smoke" arms_deadline=1700
+  toy="model=tiny model.width=32 model.depth=2 model.heads=2 model.text_width=32 model.text_depth=1 model.text_len=24"
+  train_model="model=dit_s2 model.depth=1 model.width=64 model.heads=2" train_budget=2e10 train_compile=false
+  kernels=torch arm_budget=2e9 ddp_budget=3e9 sampler=2 backend=aot_eager
+else
+  L_ENV=20 L_KERNELS=40 L_STANDINS=20 L_SYNTH=20 L_ENCODE=40 L_REFERENCE=20 L_TRAIN=100 L_ARMS=110 L_DDP=50
+  n_train=4096 n_val=256 batch=128 n_samples=256 val_samples=256 jobs=6 kernels_args="--quick" arms_deadline=85
+  toy="model=tiny model.width=64 model.depth=2 model.heads=2 model.text_width=64 model.text_depth=1 model.text_len=24"
+  train_model="model=dit_s2 model.depth=2" train_budget=1e14 train_compile=true
+  kernels=triton arm_budget=1.2e11 ddp_budget=2e11 sampler=8 backend=aot_eager
+fi
+if [ "$plan" = 1 ]; then
+  total=0
+  for s in ENV KERNELS STANDINS SYNTH ENCODE REFERENCE TRAIN ARMS DDP; do
+    limit=$(eval echo "\$L_$s"); total=$((total + limit + KILL_S))
+    printf '%s\t%s\n' "$(tr 'A-Z' 'a-z' <<< "$s")" "$limit"
+  done
+  printf 'total\t%s\n' "$total"  # every limit plus its kill grace: the longest the steps can take
+  exit 0
+fi
+if [ "$mode" = gpu ] && ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   echo "gpu_check: needs a CUDA GPU and this machine has none; nothing was run (--cpu runs a toy-size dry run)"
   exit 0
 fi
 work=${GPU_CHECK_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")}
-results=${GPU_CHECK_RESULTS:-results}
-logs=$results/gpu_check
-mkdir -p "$logs"
+logs=$work/logs
+mkdir -p "$logs" "$out"
 : > "$logs/steps.tsv"
-if [ "$mode" = "--cpu" ]; then  # toy sizes, no Triton or compile: checks the script, not the GPU
-  n_train=256 n_val=64 batch=8 budget=3e10 small=2e10 n_samples=16 val_samples=32 fast="model.kernels=torch train.compile=false"
-  model="model=dit_s2 model.depth=1 model.width=64 model.heads=2 eval.sampler_steps=4" benches=0
-else
-  n_train=8192 n_val=512 batch=128 budget=6e14 small=1.5e14 n_samples=256 val_samples=512 fast="model.kernels=triton train.compile=true"
-  model="model=dit_s2" benches=1
-fi
-
 failed=0
-# step LIMIT_S NAME COMMAND...: one step under a time limit; its output in results/gpu_check/NAME.log
+
+report() {  # the JSON report of what has run so far (rewritten after every step); --pack also packs the tar
+  $PY benchmarks/gpu_check_report.py "$work" --mode "$mode" --out "$out/gpu_check.json" "$@" \
+    > "$logs/report.log" 2>&1 || { echo "gpu_check: the report failed:"; tail -3 "$logs/report.log"; }
+}
+finish() {
+  report --pack "$out/gpu_check.tar.gz"
+  echo "gpu_check: $([ $failed = 0 ] && echo all steps passed || echo some steps FAILED); report in $out/gpu_check.json, logs and grids in $out/gpu_check.tar.gz"
+}
+trap finish EXIT
+trap 'exit 143' TERM INT  # a stop from outside still writes the report and the tar (the EXIT trap)
+
+# step LIMIT_S NAME COMMAND...: one step under `timeout -k`; its output in logs/NAME.log, its line in steps.tsv
 step() {
   local limit=$1 name=$2
   shift 2
   echo "== $name (at most ${limit}s): $*"
   local start=$SECONDS
-  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+  timeout -k "$KILL_S" "$limit" "$@" > "$logs/$name.log" 2>&1
   local rc=$?
-  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$logs/steps.tsv"
-  tail -3 "$logs/$name.log"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$limit" >> "$logs/steps.tsv"
+  tail -2 "$logs/$name.log"
   if [ $rc -eq 0 ]; then echo "== $name: ok in $((SECONDS - start))s"; else echo "== $name: FAILED ($rc)"; failed=1; fi
-  return $rc
+  report
 }
 
-step 60 standins python -m maskbench.eval.standins "$work/standins" || exit 1
+cpu_flag=$([ "$mode" = cpu ] && echo --cpu)
+step "$L_ENV" env $PY benchmarks/device/env_check.py --out "$work/env.json" $cpu_flag
+step "$L_KERNELS" kernels $PY benchmarks/kernels.py $kernels_args --out "$work/kernels.csv"
+
+step "$L_STANDINS" standins $PY -m maskbench.eval.standins "$work/standins"
 vae=$work/standins/vae clip=local-dir:$work/standins/standin-clip inception=$work/standins/standin-inception.pt
-step 60 synth maskbench data synth paths.data="$work/data" data.n_train=$n_train data.n_val=$n_val || exit 1
-synth=$(ls -d "$work"/data/synth-*/ | head -1); synth=${synth%/}  # the folder, not its .lock
-for split in train val; do
-  step 120 "encode_$split" maskbench data encode "$synth/$split" "$work/latent/$split" --vae "$vae" \
-    --text-model "$clip" --resolution 64 --batch-size 64 --demote 0.5 --no-progress || exit 1
-done
-step 60 reference maskbench eval reference "$work/latent/val" eval.inception_weights="$inception" || exit 1
-common="data.path=$work/latent $model $fast train.batch_size=$batch eval.n_samples=$n_samples
-  eval.val_samples=$val_samples eval.inception_weights=$inception eval.clip_model=$clip"
+step "$L_SYNTH" synth $PY -m maskbench data synth paths.data="$work/data" data.n_train=$n_train data.n_val=$n_val
+synth=$(ls -d "$work"/data/synth-*/ 2>/dev/null | head -1); synth=${synth%/}  # the folder, not its .lock
+encode() {  # both splits, 64 px -> 4x32x32 latents, with the 0.5 demotion
+  for split in train val; do
+    $PY -m maskbench data encode "$synth/$split" "$work/latent/$split" --vae "$vae" --text-model "$clip" \
+      --resolution 64 --batch-size 64 --demote 0.5 --no-progress || return 1
+  done
+}
+export PY work synth vae clip
+export -f encode
+step "$L_ENCODE" encode bash -c encode
+step "$L_REFERENCE" reference $PY -m maskbench eval reference "$work/latent/val" eval.inception_weights="$inception"
+
 # Two loader workers: batches cross a process boundary (pinned on CUDA), in the data order of any worker count.
-step 300 run maskbench run arm=mask75_then0 $common data.num_workers=2 budget.flops=$budget eval.points=[0.25,1.0] \
-  paths.runs="$work/runs" paths.leaderboard="$work/leaderboard.csv" || exit 1
-run_dir=$(ls -d "$work"/runs/*/ | head -1); run_dir=${run_dir%/}
-step 200 demote maskbench run arm=downscale_window $common budget.flops=$small eval.points=[1.0] \
-  paths.runs="$work/runs_more" paths.leaderboard="$work/leaderboard_more.csv"
-step 200 maskdit maskbench run arm=maskdit50 $common budget.flops=$small eval.points=[1.0] \
-  paths.runs="$work/runs_more" paths.leaderboard="$work/leaderboard_more.csv"
-step 240 repro maskbench repro "$run_dir"
-if [ "$benches" = 1 ]; then
-  step 120 kernels python benchmarks/kernels.py --out "$logs/kernels.csv"
-  step 150 step_time python benchmarks/step_time.py --device cuda --models dit_s2 cpu_mfu --out "$logs/step_time.csv"
-fi
-python benchmarks/gpu_check_report.py "$run_dir" "$logs" --out "$results/gpu_check.json" || failed=1
-echo "gpu_check: $([ $failed = 0 ] && echo all steps passed || echo some steps FAILED); figures in $results/gpu_check.json"
+step "$L_TRAIN" train $PY benchmarks/device/wrap.py --dynamo-out "$work/train_dynamo.json" -- run arm=mask75_then0 \
+  data.path="$work/latent" $train_model model.kernels=$kernels train.compile=$train_compile train.batch_size=$batch \
+  data.num_workers=2 budget.flops=$train_budget eval.points=[1.0] eval.n_samples=$n_samples \
+  eval.val_samples=$val_samples eval.sampler_steps=$sampler eval.inception_weights="$inception" eval.clip_model="$clip" \
+  paths.runs="$work/train/runs" paths.leaderboard="$work/train/leaderboard.csv"
+
+small="data.path=$synth paths.data=$work/data $toy model.kernels=$kernels train.batch_size=$batch train.warmup_steps=2
+  eval.points=[1.0] eval.n_samples=8 eval.val_samples=16 eval.sampler_steps=2 eval.batch_size=16 eval.grid_size=4
+  data.shuffle_buffer=32"
+arms=${GPU_CHECK_ARMS:-}
+step "$L_ARMS" arms $PY benchmarks/device/arms_check.py --work "$work/arms" --out "$work/arms.jsonl" --jobs $jobs \
+  --backend $backend --deadline-s $arms_deadline ${arms:+--arms $arms} -- $small train.compile=true \
+  budget.flops=$arm_budget
+
+rule=$($PY benchmarks/device/arms_check.py --work "$work/ddp" --rule-arm-only 2>/dev/null)
+ddp() {  # a sweep of the two arms on 2 processes sharing the GPU, then: did each cross its switch on both?
+  OMP_NUM_THREADS=2 $PY -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/device/wrap.py --gloo \
+    --dynamo-out "$work/ddp_dynamo.json" -- sweep "arm=maskdit50,$rule" $small train.compile=false \
+    budget.flops=$ddp_budget paths.runs="$work/ddp/runs" paths.leaderboard="$work/ddp/leaderboard.csv" &&
+  $PY benchmarks/gpu_check_report.py "$work" --check-switches "$work/ddp/runs"
+}
+export rule small ddp_budget
+export -f ddp
+step "$L_DDP" ddp bash -c ddp
 exit "$failed"

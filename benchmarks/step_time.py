@@ -6,7 +6,7 @@ than its FLOPs share. This measures by how much on this machine, and how close a
 device peak (`maskbench.train.mfu`: a GPU's spec sheet, else a measured GEMM peak). `cpu_mfu` is the
 CPU reference point: 32×32×4 latents, patch 2, width 256, depth 8, mixer depth 2, batch 16.
 
-    python benchmarks/step_time.py [--models tiny dit_s2 cpu_mfu] [--device cpu|cuda] [--steps 10]
+    python benchmarks/step_time.py [--models tiny dit_s2 cpu_mfu dit_b2 dit_xl2] [--device cpu|cuda] [--steps 10]
                                    [--warmup 2] [--batch N] [--threads N]
     python benchmarks/step_time.py --smoke      # one step of tiny at batch 2: checks that the script runs
 """
@@ -23,6 +23,7 @@ import torch
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
 from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepInputs
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate, velocity_loss
@@ -37,7 +38,11 @@ SETTINGS = {
     "dit_s2": (PRESETS["dit_s2"](), 32, 4, 1024, 77, False, 8),    # 256px latents, precomputed CLIP-H tokens
     "cpu_mfu": (ModelConfig(name="cpu_mfu", patch_size=2, width=256, depth=8, heads=4, mixer_depth=2),
                 32, 4, 1024, 77, False, 16),
+    # GPU sizes (benchmarks/device/gpu_bench.sh): DiT-B/2 and DiT-XL/2 on 256 px latents, batch 256 as in DiT
+    "dit_b2": (PRESETS["dit_b2"](), 32, 4, 1024, 77, False, 256),
+    "dit_xl2": (PRESETS["dit_xl2"](), 32, 4, 1024, 77, False, 256),
 }
+DEFAULT_MODELS = ("tiny", "dit_s2", "cpu_mfu")  # the CPU's; dit_b2 and dit_xl2 by name
 MASK_RATIOS = (0.0, 0.75)
 
 
@@ -76,7 +81,7 @@ def step_seconds(name: str, batch: int, steps: int, warmup: int, device: torch.d
             if keep is not None:
                 target = gather_tokens(target, keep, impl=cfg.kernels)                   # B×K×(p·p·C)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = velocity_loss(model(x_t, t, context, context_mask, keep, drop), target)
+                loss = velocity_loss(model(x_t, t, context, context_mask, drop, StepInputs(keep)), target)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -110,7 +115,7 @@ def result_rows(name: str, batch: int, times: dict[float, list[float]], peak: fl
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(SETTINGS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mask ratio")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")

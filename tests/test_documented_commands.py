@@ -139,11 +139,13 @@ def write_latent_root(root: Path, vae: Path) -> None:
 
 
 def copy_results(results: Path) -> None:
-    """The repository's leaderboard CSVs and plans, and per-arm CSVs as a cluster's machines would write them."""
+    """The repository's leaderboard CSVs and plans; a user's default leaderboard holding rows (the pre-common-
+    random-numbers ones: a fresh clone has none), and per-arm CSVs as a cluster's machines would write them."""
     for src in (ROOT / "results").rglob("*"):
         if src.suffix in (".csv", ".md") and src.is_file():
             (results / src.relative_to(ROOT / "results")).parent.mkdir(parents=True, exist_ok=True)
             (results / src.relative_to(ROOT / "results")).write_bytes(src.read_bytes())
+    (results / "leaderboard.csv").write_bytes((ROOT / "results" / "pre_crn" / "leaderboard.csv").read_bytes())
     with open(results / "leaderboard.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     with open(results / "leaderboard.csv", "a", newline="") as f:

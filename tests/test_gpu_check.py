@@ -1,16 +1,102 @@
-"""benchmarks/gpu_check.sh: one line and exit 0 without a GPU; its commands run at toy size with --cpu."""
+"""benchmarks/gpu_check.sh: it fits one device command, a failing step never stops the report, its --cpu mode
+runs every step at toy size, and without a GPU it says so in one line."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_check_report  # noqa: E402
+
+STEPS = ["env", "kernels", "standins", "synth", "encode", "reference", "train", "arms", "ddp"]
+ONE_COMMAND_S = 8 * 60       # the first device command's target
+DEVICE_LIMIT_S = 10 * 60     # the device machine's limit on one command
+INSTALL_AND_REPORT_S = 30    # the kit's pip install and the final report, with room
+
+
+def plan(script: str) -> dict[str, int]:
+    done = subprocess.run(["bash", script, "--plan"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return {name: int(limit) for name, limit in (line.split("\t") for line in done.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("script", ["benchmarks/gpu_check.sh", "benchmarks/device/gpu_bench.sh"])
+def test_the_gpu_plan_fits_one_device_command(script):
+    """Every step's limit plus its kill grace, the install and the report fit 8 minutes (the limits alone ~7.5)."""
+    limits = plan(script)
+    total = limits.pop("total")
+    assert total + INSTALL_AND_REPORT_S <= ONE_COMMAND_S < DEVICE_LIMIT_S
+    assert sum(limits.values()) <= 450
+    if script.endswith("gpu_check.sh"):
+        assert list(limits) == STEPS
+
+
+def test_every_step_runs_under_timeout_with_a_kill_and_nothing_skips_the_report():
+    for script in ("benchmarks/gpu_check.sh", "benchmarks/device/gpu_bench.sh"):
+        text = (REPO / script).read_text()
+        assert 'timeout -k "$KILL_S" "$limit"' in text and "trap finish EXIT" in text
+        assert "|| exit" not in text and not re.search(r"\bexit 1\b", text)
+        # no console script on the device: every maskbench command is `python -m maskbench` (or the wrapper)
+        assert not [line for line in text.splitlines() if line.lstrip().startswith("maskbench ")
+                    or " maskbench run" in line.replace("-m maskbench run", "")]
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Every step fails at once; the report script runs for real.
+case "$1" in
+  benchmarks/gpu_check_report.py) exec {python} "$@" ;;
+esac
+echo "some output"
+echo "RuntimeError: boom in $1" >&2
+exit 3
+"""
+
+
+def test_a_failing_step_is_reported_and_the_others_still_run(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PYTHON": str(fake), "GPU_CHECK_DIR": str(tmp_path / "work")}
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu", "--out", str(tmp_path / "out")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_check.json", "gpu_check.tar.gz"]
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert [s["name"] for s in report["steps"]] == STEPS and not report["all_passed"]
+    assert all(s["status"] == "failed" for s in report["steps"])  # each ran, none was skipped by another's failure
+    assert report["steps"][0]["first_error"] == "RuntimeError: boom in benchmarks/device/env_check.py"
+
+
+def test_the_report_names_a_timed_out_step_and_the_steps_not_run(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "steps.tsv").write_text("env\t0\t5\t20\nkernels\t124\t40\t40\n")
+    (logs / "kernels.log").write_text("checking L=256\ntiming drop fwd\n")
+    report = gpu_check_report.report(tmp_path, "gpu")
+    assert [(s["name"], s["status"]) for s in report["steps"]] == [
+        ("env", "ok"), ("kernels", "timed out"), *[(name, "not run") for name in STEPS[2:]]]
+    assert report["steps"][1]["first_error"] == "timed out after 40s; last: timing drop fwd"
+    assert report["seconds"] == 45 and not report["all_passed"]
+
+
+def test_first_error_line_prefers_the_exception():
+    log = Path(__file__).with_name("_first_error.log")
+    try:
+        log.write_text("warming up\nTraceback (most recent call last):\n  File x\n[rank1]: FileNotFoundError: "
+                       "[Errno 2] no metrics.jsonl\nmaskbench FAILED\n")
+        assert gpu_check_report.first_error_line(log) == "[rank1]: FileNotFoundError: [Errno 2] no metrics.jsonl"
+    finally:
+        log.unlink()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
@@ -21,17 +107,23 @@ def test_without_a_gpu_the_check_says_so_in_one_line_and_exits_0() -> None:
 
 
 @pytest.mark.slow
-def test_the_checks_commands_run_end_to_end_at_toy_size_on_the_cpu(tmp_path: Path) -> None:
-    """The same user commands as on a GPU (stand-ins, synth, encode, reference, run, repro, report)."""
-    env = {**os.environ, "GPU_CHECK_DIR": str(tmp_path / "work"), "GPU_CHECK_RESULTS": str(tmp_path / "results"),
+def test_every_step_runs_at_toy_size_on_the_cpu(tmp_path: Path) -> None:
+    """--cpu: the same steps as on a GPU, at toy size (two arms: the draws of mask75 against mask0's)."""
+    env = {**os.environ, "GPU_CHECK_DIR": str(tmp_path / "work"), "GPU_CHECK_ARMS": "mask0 mask75",
            "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu"], cwd=REPO, capture_output=True, text=True,
-                          timeout=900, env=env)
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu", "--out", str(tmp_path / "out")], cwd=REPO,
+                          capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    report = json.loads((tmp_path / "results" / "gpu_check.json").read_text())
-    assert report["all_passed"] and [s["name"] for s in report["steps"]] == [
-        "standins", "synth", "encode_train", "encode_val", "reference", "run", "demote", "maskdit", "repro"]
-    assert [p["point"] for p in report["eval_points"]] == [0.25, 1.0]
-    assert all(p["fid"] is not None and p["fid_features"] == "standin-random-inception" and p["clip_score"] is not None
-               for p in report["eval_points"])
-    assert all(Path(grid).is_file() for grid in report["grids"]) and any("PASS" in line for line in report["repro"])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_check.json", "gpu_check.tar.gz"]
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert report["all_passed"] and [s["name"] for s in report["steps"]] == STEPS
+    [train] = report["train"]
+    assert train["done"] and train["mask_ratios"] == [0.75, 0.0]
+    [point] = train["eval_points"]
+    assert point["fid_features"] == "standin-random-inception" and point["clip_score"] is not None
+    assert report["arms_ok"] == "2 of 2" and report["draws_match_mask0"] == {"mask75": True}
+    assert all(arm["dynamo"]["graph_breaks"] == 0 and arm["dynamo"]["graphs"] >= 1 for arm in report["arms"])
+    assert [(r["n_devices"], r["done"], r["switched_at"] is not None) for r in report["ddp"]] == [(2, True, True)] * 2
+    listing = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "gpu_check.tar.gz")], capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    assert "gpu_check/logs/steps.tsv" in listing and any(name.startswith("gpu_check/grids/") for name in listing)

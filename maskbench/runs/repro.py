@@ -29,18 +29,24 @@ them too, at the cost of two whole retrainings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
+import os
+import shutil
 import signal
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import zip_longest
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import broadcast_object_list
 
 from maskbench.config import RunConfig, load_run_config, run_id
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
@@ -269,13 +275,17 @@ def recorded_points(run: RunDir, cfg: RunConfig) -> dict[float, dict[str, dict]]
     return records
 
 
-def recompute_point(run: RunDir, point: float, evaluator: Evaluator, model: torch.nn.Module) -> dict:
-    """The metrics of one eval point from what the run saved: its EMA weights and its sample PNGs."""
+def recompute_point(run: RunDir, point: float, evaluator: Evaluator, model: torch.nn.Module,
+                    losses: tuple[Evaluator, Accelerator | None] | None = None) -> dict:
+    """The metrics of one eval point from what the run saved: its EMA weights and its sample PNGs. `losses`: the
+    evaluator of this process's share of the held-out samples and the accelerator, for a multi-process rerun (the
+    run measured its validation loss so, and summed the shares in that order)."""
     load_point(run, point, model)
     sample_dir = run.point_samples(point)  # decoded images, on latent data
     if not any(sample_dir.glob("[0-9]*.png")):
         raise FileNotFoundError(f"no sample PNGs in {sample_dir}")
-    return {**evaluator.loss_metrics(model), **evaluator.image_metrics(load_samples(sample_dir))}
+    loss = losses[0].loss_metrics(model, losses[1]) if losses else evaluator.loss_metrics(model)
+    return {**loss, **evaluator.image_metrics(load_samples(sample_dir))}
 
 
 def metric_mismatches(fresh: dict, recorded: dict, tolerance: float) -> list[str]:
@@ -289,18 +299,24 @@ def metric_mismatches(fresh: dict, recorded: dict, tolerance: float) -> list[str
     return problems
 
 
-def check_metrics(run: RunDir, cfg: RunConfig, data: DatasetInfo, tolerance: float) -> CheckResult:
-    """(c) Every evaluated point's metrics, recomputed from the saved samples and EMA weights."""
+def check_metrics(run: RunDir, cfg: RunConfig, data: DatasetInfo, tolerance: float,
+                  acc: Accelerator | None = None) -> CheckResult:
+    """(c) Every evaluated point's metrics, recomputed from the saved samples and EMA weights. Under several
+    processes (`acc`) every process recomputes the image metrics of all the samples, and the validation loss
+    is measured as the run measured it: each process its share, summed across them."""
     records = recorded_points(run, cfg)
     if not records:
         return CheckResult("metrics", False, f"no evaluated points in {run.evals}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    several = acc is not None and acc.num_processes > 1
+    device = acc.device if several else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     evaluator = Evaluator(data, cfg.eval, device)
+    losses = (Evaluator(data, cfg.eval, device, scores=False, rank=acc.process_index, world=acc.num_processes),
+              acc) if several else None
     model = build_model(cfg.model, data).to(device).eval()
     problems, sources = [], set()
     for point, by_source in sorted(records.items()):
         try:
-            fresh = recompute_point(run, point, evaluator, model)
+            fresh = recompute_point(run, point, evaluator, model, losses)
         except (FileNotFoundError, ConfigError) as err:
             problems.append(f"point {point:g}: {err}")
             continue
@@ -394,15 +410,40 @@ def check_digests(run: RunDir, cfg: RunConfig) -> CheckResult:
 
 
 # --------------------------------------------------------------------------------------------- main
+@contextlib.contextmanager
+def shared_scratch(acc: Accelerator, run: RunDir) -> Iterator[Path]:
+    """One temporary folder for the reruns, the same on every process of a multi-process launch: the main process
+    creates it and broadcasts its path (a folder per process would leave the other ranks looking for the run files
+    only the main process writes). On one machine it is a system temporary folder; across machines, a hidden
+    folder beside the run, which every process can already read. The main process removes it once every process
+    is done with it."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", acc.num_processes))
+    where = None if local >= acc.num_processes else run.root.parent
+    path = [tempfile.mkdtemp(prefix=".maskbench-repro-" if where else "maskbench-repro-", dir=where)
+            if acc.is_main_process else None]
+    if acc.num_processes > 1:
+        broadcast_object_list(path)
+    done = False
+    try:
+        yield Path(path[0])
+        done = True
+    finally:
+        if done:  # after a failure another rank may be inside a collective: no barrier then
+            acc.wait_for_everyone()
+        if acc.is_main_process:
+            shutil.rmtree(path[0], ignore_errors=True)
+
+
 def run_checks(run: RunDir, cfg: RunConfig, data: DatasetInfo, target: Target,
                tolerance: float) -> list[CheckResult]:
     """The five checks in order; the reruns live in a temporary folder removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="maskbench-repro-") as tmp:
-        rerun = retrain(cfg, Path(tmp) / "rerun", target.steps)
+    acc = make_accelerator(cfg)  # the process group of a multi-process launch, before the scratch folder is shared
+    with shared_scratch(acc, run) as tmp:
+        rerun = retrain(cfg, tmp / "rerun", target.steps)
         results = [check_rerun(run, rerun, target, tolerance),
-                   check_resume(cfg, rerun, Path(tmp) / "resume", target, tolerance)]
+                   check_resume(cfg, rerun, tmp / "resume", target, tolerance)]
     current = environment(make_accelerator(cfg))
-    return results + [check_metrics(run, cfg, data, tolerance), check_environment(run, current),
+    return results + [check_metrics(run, cfg, data, tolerance, acc), check_environment(run, current),
                       check_digests(run, cfg)]
 
 
@@ -423,6 +464,8 @@ def repro_main(run_dir: str | Path, steps: int | None = None, tolerance: float |
     if tolerance is None:
         tolerance = GPU_TOLERANCE if torch.cuda.is_available() else 0.0
     results = run_checks(run, cfg, data, target, tolerance)
+    if not PartialState().is_main_process:  # every process ran the same checks: the main process prints them
+        return 1 if any(result.ok is False for result in results) else 0
     print(f"\nmaskbench repro {run.root}: rerun re-derives {target.reach}; {describe(tolerance)} "
           f"(image metrics: {describe(max(tolerance, METRIC_TOLERANCE))})")
     for result in results:
