@@ -478,4 +478,4 @@ def test_every_committed_plan_parses_and_only_the_fair_one_reads_the_multiplier(
         "fair": (MULTIPLIER, "train_flops")}
     text = (REPO / "results" / "fair" / "PLAN.md").read_text(encoding="utf-8")
     assert re.search(r"\nFront matter amended \(\d{4}-\d\d-\d\d \d\d:\d\d UTC, before any row\): it now encodes the "
-                     r"tests and the verdict the prose above states; the prose is unchanged\.\n$", text)
+                     r"tests and the verdict the prose above states; the prose is unchanged\.\n", text)
