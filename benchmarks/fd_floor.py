@@ -1,8 +1,11 @@
 """The real-vs-real floor of oracle FD on a synth dataset: held-out scenes against fresh scenes of the same renderer.
 
-A model's FD is read against this floor: a model whose samples were indistinguishable from real scenes would
-score about the floor at the same sample count (FD's bias depends on it). The fresh scenes are the held-out
-split of a second synth dataset drawn with another generation seed, so they share no scene with the reference.
+A model's FD is read against this floor at the same sample count (FD's bias depends on it): it is what fresh
+real scenes score. The fresh scenes are the held-out split of a second synth dataset drawn with another
+generation seed, so they share no scene, and no caption, with the reference; a model prompted with the
+held-out captions themselves can score below it. Each run writes one row per (dataset, count) into
+results/fd_floor.csv (--out), replacing that row and keeping the others: docs/studies.md quotes the floor from
+this file (`python -m maskbench.results.doctables`), with its sample count.
 
     python benchmarks/fd_floor.py data.max_objects=1 --n 2048     # one-object scenes (the plateau study's stage 1c)
     python benchmarks/fd_floor.py --n 256 --n 2048                # the default 1-3 object scenes
@@ -12,6 +15,7 @@ split of a second synth dataset drawn with another generation seed, so they shar
 from __future__ import annotations
 
 import argparse
+import csv
 import tempfile
 from pathlib import Path
 
@@ -55,9 +59,20 @@ def floor(overrides: list[str], counts: list[int], out: Path) -> None:
             fresh = reference_stats([images[:n]], oracle, Path(tmp) / f"fresh_{n}.npz")
             distance = fresh.frechet_distance(reference)
             name = reference_data.val_dir.parent.name
-            rows.append({"dataset": name, "reference_n": reference.n, "fresh_n": n, "fd_floor": round(distance, 2)})
+            rows.append({"dataset": name, "reference_n": reference.n, "fresh": fresh_data.val_dir.parent.name,
+                         "fresh_n": n, "fd_floor": round(distance, 2)})
             print(f"{name}: oracle FD of {n} fresh scenes to the {reference.n} held-out ones = {distance:.1f}")
-    write_rows(out, rows)
+    write_rows(out, merged(out, rows))
+
+
+def merged(out: Path, rows: list[dict]) -> list[dict]:
+    """The rows already in `out` less those these replace (same dataset and count), then these."""
+    if not out.is_file():
+        return rows
+    with out.open(newline="") as f:
+        kept = [row for row in csv.DictReader(f)
+                if (row.get("dataset"), str(row.get("fresh_n"))) not in {(r["dataset"], str(r["fresh_n"])) for r in rows}]
+    return [{key: row.get(key, "") for key in rows[0]} for row in kept] + rows
 
 
 if __name__ == "__main__":

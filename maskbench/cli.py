@@ -23,6 +23,7 @@ from maskbench.config import (
     shipped_arm,
 )
 from maskbench.errors import ConfigError, UserError
+from maskbench.models.presets import PRESETS
 from maskbench.weights import add_weights, weights_folder
 
 EXAMPLES = """examples:
@@ -139,6 +140,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_arms(args: argparse.Namespace) -> int:
+    if args.sizes:
+        from maskbench.runs.sizes import arm_sizes, render_sizes
+
+        print(render_sizes(arm_sizes(args.sizes), args.sizes))
+        return 0
     width = max(map(len, known_arms()))
     for name in known_arms():
         arm = shipped_arm(name)
@@ -252,9 +258,10 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
             return fail("--html writes study pages instead of a report: leave out --plot, --mlperf and --crossover")
         from maskbench.results.html import html_main
 
-        return html_main(paths, args.html, args.runs, args.plan, args.baseline, args.on_error)
+        return html_main(paths, args.html, args.runs, args.plan, args.baseline, args.on_error,
+                         args.allow_size_mismatch)
     return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error, args.mlperf,
-                            args.crossover, args.plan)
+                            args.crossover, args.plan, args.allow_size_mismatch)
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
@@ -347,6 +354,11 @@ def add_sweep(sweep: argparse.ArgumentParser) -> None:
 
 
 def add_arms(arms: argparse.ArgumentParser) -> None:
+    arms.description = ("List the shipped arms: phases, description and the options each sets. With --sizes, "
+                        "each arm's parameter count on a model preset beside mask0's instead (built on the meta "
+                        "device: nothing is trained or allocated).")
+    arms.add_argument("--sizes", nargs="?", const="micro_s", choices=list(PRESETS), metavar="MODEL",
+                      help="print parameter counts on this preset (default micro_s) against mask0's")
     arms.set_defaults(func=cmd_arms)
 
 
@@ -418,7 +430,8 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
                          "at >= 3 horizons, the compute curves: each arm's L(C) = E + A·(C/B)^-alpha fitted per "
                          "seed, the compute multiplier M at each horizon, the crossover C* where M reaches 1 (or "
                          "none within k× of B) and the held-out check (the fit on horizons <= B/2 predicting B). "
-                         "Runs pair only when their device, precision and draw scheme match. A study's PLAN.md "
+                         "Runs pair only when their device, precision and draw scheme match and their parameter "
+                         "counts agree within 5%. A study's PLAN.md "
                          "beside the CSV (or --plan) sets the primary metrics, baseline, alpha, the multiplicity "
                          "correction and what pays; without one every reading is exploratory.")
     board.add_argument("csvs", nargs="*", metavar="CSV",
@@ -441,6 +454,10 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
                             "FLOPs ARM needs to reach the baseline's value there over the baseline's, per seed, on "
                             "FD and validation loss, geometric mean and 95%% CI; --plot draws FD's as a heatmap and "
                             "curves (single-phase arms: an eval point of a two-phase arm is not a shorter run)")
+    board.add_argument("--allow-size-mismatch", action="store_true",
+                       help="compare an arm with the baseline although their parameter counts differ by more "
+                            "than 5%% (refused by default: extra capacity would pass for the method's effect); "
+                            "the table notes each such comparison")
     board.add_argument("--on-error", choices=("skip", "abort"), default="skip",
                        help="a malformed row: report FILE:LINE and skip it, or abort")
     board.add_argument("--html", metavar="DIR",

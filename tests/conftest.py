@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from maskbench.config import load_config
 from maskbench.data.encode import EncodeOptions
 from maskbench.data.pack import PackOptions, pack
 from maskbench.data.sources.brushdata import plan_brushdata
@@ -38,6 +39,15 @@ def tiny_overrides(tmp_path: Path, synth_root: Path, *extra: str) -> list[str]:
         "eval.points=[0.5,1.0]", "eval.n_samples=8", "eval.val_samples=16", "eval.sampler_steps=2",
         "eval.batch_size=16", "eval.grid_size=4", "data.shuffle_buffer=64", *extra,
     ]
+
+
+def arm_overrides(tmp_path: Path, synth_root: Path, arm: str, *extra: str) -> list[str]:
+    """`tiny_overrides` for a shipped arm: 3 backbone blocks for an arm that re-splits the baseline's (SPRINT's
+    mixer and decoder come out of them, and 2 would leave no backbone block)."""
+    overrides = tiny_overrides(tmp_path, synth_root, f"arm={arm}", *extra)
+    if load_config([f"arm={arm}"]).model.resplit:
+        overrides = [o.replace("model.depth=2", "model.depth=3") for o in overrides]
+    return overrides
 
 
 def randomized(model: torch.nn.Module, std: float) -> torch.nn.Module:

@@ -18,7 +18,7 @@ from maskbench.models.dit import DiT
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import downscale, flow_loss, in_window, interpolate, mae_target, windowed_flow_loss
-from maskbench.models.presets import ModelConfig
+from maskbench.models.presets import ModelConfig, decoder_width
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
 from maskbench.train.diagnostics import BlockNorms, named_blocks
@@ -69,23 +69,73 @@ def test_decoder_predicts_every_token_and_the_mae_term_reads_only_dropped_ones()
 
 
 def test_maskdit_refills_dropped_slots_and_adds_positions_to_every_decoder_token() -> None:
-    """MaskDiT's decoder input (models/maskdit.py 539-545): the kept tokens in place, the learned mask token in the
-    dropped slots, then `decoder_pos_embed` added to every token; and the drop comes right after the patch
-    embedding (475-483), so maskdit50 runs no mixer even on micro_s."""
+    """MaskDiT's decoder input (models/maskdit.py 538-545): the DecoderLayer's narrow output of the kept tokens in
+    place, the learned mask token in the dropped slots, then `decoder_pos_embed` added to every token; and the drop
+    comes right after the patch embedding (475-483), so maskdit50 runs no mixer even on micro_s."""
     model = randomized(_model(depth=2, decoder_depth=1), std=0.1)
     seen = {}
-    model.blocks[-1].register_forward_hook(lambda module, args, out: seen.update(deep=out))
+    model.decoder_layer.register_forward_hook(lambda module, args, out: seen.update(deep=args[0], narrow=out))
     model.decoder[0].register_forward_pre_hook(lambda module, args: seen.update(decoder_in=args[0]))
     x0, noise, t, ids, mask = _inputs(model)
     keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
     model(interpolate(x0, noise, t), t, ids, mask, inputs=StepInputs(keep))
+    assert seen["deep"].shape == (B, keep.shape[1], 32) and seen["narrow"].shape == (B, keep.shape[1], 16)
     expected = model.mask_token.expand(B, model.seq_len, -1).clone()
     for b in range(B):
-        expected[b, keep[b]] = seen["deep"][b]
-    torch.testing.assert_close(seen["decoder_in"], expected + model.pos_embed)
+        expected[b, keep[b]] = seen["narrow"][b]
+    torch.testing.assert_close(seen["decoder_in"], expected + model.decoder_pos_embed)
     model(interpolate(x0, noise, t), t, ids, mask)  # unmasked: MaskDiT adds the decoder positions all the same
-    torch.testing.assert_close(seen["decoder_in"], seen["deep"] + model.pos_embed)
+    torch.testing.assert_close(seen["decoder_in"], seen["narrow"] + model.decoder_pos_embed)
     assert load_config(["arm=maskdit50"]).model.mixer_depth == 0 < load_config(["arm=mask0"]).model.mixer_depth
+
+
+def test_maskdit_decoder_layer_narrows_the_tokens_as_the_authors_build_it() -> None:
+    """MaskDiT's DecoderLayer (models/maskdit.py 195-213): LayerNorm, adaLN shift/scale from the model-width
+    condition, Linear width -> decoder width; then the decoder blocks, mask token, positions and final layer at the
+    decoder width, conditioned at the model width (309-331). Zeroed at init as the final layer (403-408)."""
+    model = _model(depth=2, decoder_depth=1)                               # width 32: 32·512/1152 -> 16
+    layer, block = model.decoder_layer, model.decoder[0]
+    assert (layer.linear.in_features, layer.linear.out_features) == (32, 16)
+    assert (layer.adaLN_modulation[-1].in_features, layer.adaLN_modulation[-1].out_features) == (32, 64)
+    assert layer.linear.weight.abs().sum() == layer.adaLN_modulation[-1].weight.abs().sum() == 0
+    assert (block.attn.qkv.in_features, block.adaLN_modulation[-1].in_features, block.cross_attn.kv.in_features) == (
+        16, 32, 32)                                                        # narrow tokens, model-width c and text
+    assert model.mask_token.shape == (16,) and model.decoder_pos_embed.shape == (model.seq_len, 16)
+    assert model.final_layer.linear.in_features == 16 and model.final_layer.adaLN_modulation[-1].in_features == 32
+    x0, noise, t, ids, mask = _inputs(model)
+    model = randomized(model, std=0.1)
+    keep = random_keep_idx(B, model.seq_len, 0.5, torch.Generator().manual_seed(1))
+    pred = model(interpolate(x0, noise, t), t, ids, mask, inputs=StepInputs(keep))
+    assert pred.shape == (B, model.seq_len, 4 * 4 * 3)
+    loss = flow_loss(model, x0, noise, t, ids, mask, inputs=StepInputs(keep), mae_weight=0.1)
+    loss.backward()
+    assert all(p.grad is not None for p in [*layer.parameters(), model.mask_token, *model.blocks[0].parameters()])
+    assert model.decoder_pos_embed.requires_grad is False and "decoder_pos_embed" not in model.state_dict()
+    small = model(interpolate(x0, noise, t)[..., ::2, ::2], t, ids, mask)  # a demoted grid: decoder positions filtered
+    assert small.shape == (B, model.seq_len // 4, 4 * 4 * 3)
+
+
+def test_maskdit_decoder_width_defaults_to_the_authors_ratio_and_is_validated() -> None:
+    """512 of 1152 (models/maskdit.py 310, 661-662), rounded to a multiple of 4 and of the heads; the shipped
+    arms narrow it to 0.3125 of the width so as to stay within the leaderboard's size tolerance; SPRINT's decoder
+    stays full width (snap-research/Sprint src/models/sit.py 411-441); a ratio the decoder cannot use is refused."""
+    assert decoder_width(ModelConfig(width=1152, heads=16, decoder_depth=8)) == 512  # DiT-XL/2's: theirs exactly
+    assert decoder_width(ModelConfig(width=128, heads=4, decoder_depth=1)) == 56
+    assert decoder_width(load_config(["arm=maskdit50", "model=tiny"]).model) == 40
+    assert decoder_width(load_config(["arm=maskdit50", "model=dit_s2"]).model) == 120  # 384 · 0.3125, 12 | 120
+    assert decoder_width(load_config(["arm=maskdit50", "model=tiny", "model.decoder_ratio=0.5"]).model) == 64
+    assert decoder_width(load_config(["arm=sprint75"]).model) == load_config(["arm=sprint75"]).model.width
+    for overrides, match in [(["model.decoder_ratio=0.5"], "decoder_depth"),
+                             (["arm=sprint75", "model.decoder_ratio=0.5"], "SPRINT"),
+                             (["arm=maskdit50", "model.decoder_ratio=1.5"], "in \\(0, 1\\]"),
+                             (["arm=maskdit50", "model.decoder_ratio=0"], "in \\(0, 1\\]")]:
+        with pytest.raises(ConfigError, match=match):
+            load_config(overrides)
+    # the width names the run: maskdit50 runs from before the DecoderLayer were full width; ratios that round to
+    # one width are one run
+    default = load_config(["arm=maskdit50", "model=tiny"])
+    assert run_id(default) == run_id(load_config(["arm=maskdit50", "model=tiny", "model.decoder_ratio=0.32"]))
+    assert run_id(default) != run_id(load_config(["arm=maskdit50", "model=tiny", "model.decoder_ratio=0.5"]))
 
 
 def test_mae_target_normalises_each_patch() -> None:
@@ -249,6 +299,7 @@ _SET_TO = {
     "model.skip_scale": ("constant", ["model.long_skip=concat"]),
     "model.skip_kappa": ("0.25", ["model.long_skip=concat", "model.skip_scale=kappa"]),
     "model.decoder_depth": ("1", []),
+    "model.resplit": ("true", []),
     "train.mae_weight": ("0.1", ["model.decoder_depth=1"]),
     "train.downscale_window": ("[0.6,1.0]", []),
     "train.downscale_factor": ("4", ["train.downscale_window=[0.6,1.0]"]),

@@ -125,7 +125,9 @@ def test_leaderboard_crossover_prints_and_draws_the_map(tmp_path, capsys) -> Non
     assert leaderboard_main([str(csv_path)], plot=str(tmp_path / "map.png"), crossover="mask75") == 0
     out = capsys.readouterr().out
     assert out.count("| micro_s | 2 | 64 |") == 2 and (tmp_path / "map.png").is_file()
-    assert leaderboard_main([str(csv_path)], crossover="sprint75") == 1
+    assert leaderboard_main([str(csv_path)], crossover="sprint75") == 2  # an arm the rows lack: bad input
+    assert "--crossover sprint75: no such arm in these rows; they have mask0, mask75" in capsys.readouterr().err
+    assert leaderboard_main([str(csv_path)], crossover="mask75", baseline="mask75_then0") == 1
     assert "no crossover cells" in capsys.readouterr().err
 
 

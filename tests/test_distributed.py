@@ -31,7 +31,7 @@ from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
 from maskbench.train.loop import Trainer, make_accelerator
 from maskbench.train.steplog import batch_digest
-from tests.conftest import tiny_overrides
+from tests.conftest import arm_overrides, tiny_overrides
 
 LOSS_RTOL = 1e-5   # float32 summation order; observed bit-identical on CPU
 ARM = ("arm=mask75_then0", "budget.flops=1.4e9", "data.shuffle_buffer=32")
@@ -151,7 +151,7 @@ def test_a_conversion_runs_its_frozen_and_full_stages_on_two_processes(tmp_path,
 def test_idle_parameters_are_exactly_those_a_phase_gives_no_gradient(tmp_path, synth_root, arm):
     """DDP is told to look for unused parameters only when `idle_parameters` names some; a real backward of
     each phase of each shipped arm must leave exactly those without a gradient, or a multi-GPU run stops."""
-    cfg = load_config(tiny_overrides(tmp_path, synth_root, f"arm={arm}", "eval.points=[1.0]"))
+    cfg = load_config(arm_overrides(tmp_path, synth_root, arm, "eval.points=[1.0]"))
     torch.manual_seed(0)
     model = build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data, create=False))
     gen = torch.Generator().manual_seed(0)

@@ -15,7 +15,7 @@ from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.presets import PRESETS, ModelConfig
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
-from maskbench.train.flops import train_step_flops
+from maskbench.train.flops import decoder_step_flops, train_step_flops
 from maskbench.train.schedule import plan_phases
 
 BATCH = 2
@@ -87,6 +87,7 @@ ARM_MODELS = {  # the model options of the literature arms, on tiny and (where i
     "scalelong_ls_per_skip_deep": ("tiny_deep", dict(long_skip="concat", skip_scale="learned_per_skip")),
     "scalelong_ls_latent_odd_depth": ("dit_s2", dict(long_skip="concat_ln", skip_scale="learned_per_skip", depth=5)),
     "maskdit_decoder": ("tiny", dict(decoder_depth=1)),
+    "maskdit_decoder_wide": ("tiny", dict(decoder_depth=1, decoder_ratio=1.0)),
     "maskdit_decoder_latent": ("dit_s2", dict(decoder_depth=2, depth=2)),
     "sprint": ("tiny", dict(structured_mask=True)),
     "sprint_fusion": ("tiny", dict(structured_mask=True, mixer_depth=1, decoder_depth=1, sparse_fusion=True,
@@ -164,6 +165,38 @@ def test_a_learned_gate_is_counted_exactly(scale: str) -> None:
     analytic = (train_step_flops(gated, batch=BATCH, mask_ratio=0.75, **_setting(gated))
                 - train_step_flops(plain, batch=BATCH, mask_ratio=0.75, **_setting(plain)))
     assert analytic == counted == 6 * 2 * (3 * 2 * BATCH * 64 * 4)  # 6 skips, 2 layers, fwd+bwd, 2·B·L·L/16
+
+
+@pytest.mark.parametrize("mask_ratio", [0.0, 0.5])
+def test_maskdit_decoder_is_counted_exactly(mask_ratio: float) -> None:
+    """MaskDiT's narrow decoder alone (the model with it minus the model without, counted by FlopCounterMode) against
+    the analytic count: the DecoderLayer's adaLN and Linear(width -> decoder width) on the K kept tokens, the
+    decoder blocks at the decoder width on the model-width condition and text, and the final layer reading the
+    decoder's L tokens instead of the backbone's K."""
+    plain = PRESETS["tiny"]()
+    maskdit = dataclasses.replace(plain, decoder_depth=1)                          # decoder width 56
+    with torch.device("meta"):
+        counted = _counted_flops(maskdit, mask_ratio) - _counted_flops(plain, mask_ratio)
+    analytic = (train_step_flops(maskdit, batch=BATCH, mask_ratio=mask_ratio, **_setting(maskdit))
+                - train_step_flops(plain, batch=BATCH, mask_ratio=mask_ratio, **_setting(plain)))
+    assert analytic == counted
+    L, K, T, D, d, out = 64, 64 if mask_ratio == 0 else 32, 32, 128, 56, 4 * 4 * 3
+    layer = 3 * 2 * BATCH * (D * 2 * D + K * D * d)                                # adaLN + Linear, fwd + bwd
+    block = 3 * 2 * BATCH * (D * 9 * d + L * (3 + 1 + 1 + 1 + 8) * d * d + T * D * 2 * d  # adaLN; qkv, proj, cross
+                             + 2 * L * L * d + 2 * L * T * d)                      # q, proj, MLP; kv; attention
+    final = 3 * 2 * BATCH * (D * 2 * d + L * d * out) - 3 * 2 * BATCH * (D * 2 * D + K * D * out)
+    assert decoder_step_flops(maskdit, 32, T, BATCH, mask_ratio) == layer + block
+    assert counted == layer + block + final
+
+
+def test_maskdit_decoder_costs_a_masked_step_what_the_authors_decoder_does() -> None:
+    """Their DecoderLayer and 8 decoder blocks 512 wide cost ~10.8% of a DiT-XL/2 step at mask 0.5 (FlopCounterMode
+    on Anima-Lab/MaskDiT models/maskdit.py, batch 2); ours on tiny, 1 block at width 56, ~9.6%: it was 30% at full
+    width without the DecoderLayer."""
+    cfg = dataclasses.replace(PRESETS["tiny"](), decoder_depth=1)
+    share = decoder_step_flops(cfg, 32, cfg.text_len, 64, 0.5) / train_step_flops(cfg, batch=64, mask_ratio=0.5,
+                                                                                  **_setting(cfg))
+    assert 0.09 < share < 0.11
 
 
 def test_masking_cuts_tiny_step_flops_to_about_a_quarter() -> None:

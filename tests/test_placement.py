@@ -23,7 +23,7 @@ from maskbench.eval.sample import euler_sample
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import make_trainer
 from maskbench.train.loop import Trainer
-from tests.conftest import tiny_overrides
+from tests.conftest import arm_overrides, tiny_overrides
 
 
 class StandInDeviceAccelerator(Accelerator):
@@ -77,8 +77,8 @@ def test_every_arms_step_keeps_its_tensors_on_the_models_device(tmp_path, synth_
     """Each phase's loss and backward with the model on a stand-in device, from a loader batch on the host
     (with the demoted latents latent shards would bring): no operation mixes host and device tensors. Every
     draw is made on the host and copied over (`meta` cannot hold a generator: a draw made on the device fails)."""
-    trainer = Trainer(load_config(tiny_overrides(tmp_path, synth_root, f"arm={arm}", "eval.points=[1.0]",
-                                                 "budget.flops=1e10", "data.num_workers=0")),
+    trainer = Trainer(load_config(arm_overrides(tmp_path, synth_root, arm, "eval.points=[1.0]",
+                                                "budget.flops=1e10", "data.num_workers=0")),
                       StandInDeviceAccelerator(cpu=True))  # a budget with a step in every arm's every phase
     trainer.setup()
     batch = next(iter(trainer.make_loaders()[0]))

@@ -1,5 +1,6 @@
 """REPA: the loss against a hand computation, the tap and the kept-token targets, the frozen encoder, the counted
-FLOPs, the options' refusals and a short training run of each REPA arm."""
+FLOPs, the options' refusals and a short training run of each REPA arm (the encoder's pretraining and the random
+control: test_repa_pretrain.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -22,8 +24,9 @@ from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
-from maskbench.models.presets import ModelConfig
+from maskbench.models.presets import ModelConfig, decoder_width
 from maskbench.models.text import SynthTextEncoder
+from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
 from maskbench.train import repa
 from maskbench.train.flops import repa_step_flops, train_step_flops, vit_forward_flops
@@ -151,6 +154,28 @@ def test_projector_and_encoder_flops_match_the_flop_counter(mixer_depth: int, de
     assert analytic == pytest.approx(counter.get_total_flops(), rel=0.01)
 
 
+@pytest.mark.parametrize("depth", [2, 3])
+def test_a_narrow_maskdit_decoder_block_is_aligned_and_counted_at_its_own_width(depth: int) -> None:
+    """MaskDiT's decoder runs narrower than the model (models/presets.py decoder_width): the projector reads the
+    aligned block's width, and its FLOPs (what the alignment adds to a step, against FlopCounterMode) follow."""
+    model = randomized(_model(depth=2, decoder_depth=1), std=0.05)
+    width = repa.aligned_width(model.cfg, depth)
+    assert width == (model.cfg.width if depth == 2 else decoder_width(model.cfg)) and decoder_width(model.cfg) < 32
+    alignment = _repa(model, depth)
+    x0, _, t, ids, mask = _inputs(model)
+    keep = random_keep_idx(B, model.seq_len, 0.5, generator=torch.Generator().manual_seed(2))
+    counted = []
+    for align in (False, True):
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            out = model(x0, t, ids, mask, inputs=StepInputs(keep))
+            (out.square().mean() + (alignment(x0, keep) if align else 0)).backward()
+        counted.append(counter.get_total_flops())
+    analytic = repa_step_flops(model.cfg, 32, B, 0.5, depth, repa.projector_hidden(32), alignment.encoder.out_dim,
+                               repa.SynthEncoder.forward_flops(1))
+    assert alignment.projector[0].in_features == width
+    assert analytic == pytest.approx(counted[1] - counted[0], rel=0.01)
+
+
 def test_dinov2_forward_flops_match_the_flop_counter() -> None:
     """timm's DINOv2-B layout (one block, random weights: no file needed) on a 4×4 patch grid."""
     import timm
@@ -173,11 +198,22 @@ def test_depth_and_projector_scale_from_the_authors_defaults() -> None:
 def test_the_shipped_synth_encoder_is_not_the_oracle_and_reads_patches() -> None:
     encoder = repa.load_synth_encoder()
     assert encoder(torch.zeros(1, 3, 32, 32)).shape == (1, 64, 8, 8)
-    seeds = {}
+    seeds, metadata = {}, {}
     for path in (repa.SYNTH_WEIGHTS, oracle.WEIGHTS_PATH):
         with safe_open(str(path), framework="pt") as f:
+            metadata[path.name] = f.metadata()
             seeds[path.name] = json.loads(f.metadata()["train"])["seed"]
-    assert seeds == {"repa_synth_v1.safetensors": 1, "oracle_synth_v1.safetensors": 0}
+    assert seeds == {"repa_synth_v2.safetensors": 1, "oracle_synth_v1.safetensors": 0}
+    assert metadata["repa_synth_v2.safetensors"]["labels"] == "none"                 # pretrained on pixels alone
+    assert sorted(p.name for p in repa.SYNTH_WEIGHTS.parent.glob("repa_synth_*")) == ["repa_synth_v2.safetensors"]
+
+
+def test_a_synth_encoder_file_of_another_version_is_refused(tmp_path) -> None:
+    path = tmp_path / "old.safetensors"
+    metadata = {**repa.synth_metadata({"seed": 1}), "encoder": "repa-synth-v1"}
+    save_file(repa.init_synth_encoder(1).state_dict(), str(path), metadata=metadata)
+    with pytest.raises(ConfigError, match="repa_pretrain --train"):
+        repa.load_synth_encoder(path)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -201,9 +237,12 @@ def test_latent_data_is_refused_in_one_line() -> None:
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("arm", ["repa", "repa_mask75_then0"])
+@pytest.mark.parametrize("arm", ["repa", "repa_mask75_then0", "repa_random"])
 def test_repa_arm_trains(tmp_path, synth_root, arm: str) -> None:
     # The encoder costs ~2 steps of the test's 32-wide model (~5% of micro_s's): a budget for a few steps of each.
     run = train(load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root, "budget.flops=4e9")]))
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps and all(math.isfinite(step["loss"]) for step in steps)
+    # the encoder's pretraining, outside the budget, in every row: the shipped file's count; 0 for the random control
+    spent = {row["encoder_flops"] for row in read_rows([str(tmp_path / "leaderboard.csv")])}
+    assert spent == ({0.0} if arm == "repa_random" else {repa.synth_pretrain_flops()}) and spent != {None}

@@ -428,9 +428,12 @@ def test_comparisons_render_in_every_format(paired_board):
 
 def test_the_committed_leaderboard_renders_with_paired_comparisons(capsys):
     rows = read_rows(["results/pre_crn/leaderboard.csv"], on_error="abort")
-    compared = [r for r in summarize(rows) if r.comparisons and r.model == "tiny"]  # the two-seed results
+    summary = summarize(rows)
+    compared = [r for r in summary if r.comparisons and r.model == "tiny"]  # the two-seed results
     differences = [c.difference for r in compared for c in r.comparisons.values()]
-    assert len(compared) == 8 and len(differences) == 16 and all(d.test == "paired" for d in differences)
+    assert len(compared) == 7 and len(differences) == 14 and all(d.test == "paired" for d in differences)
+    maskdit = next(r for r in summary if r.arm == "maskdit50" and r.model == "tiny" and r.point == 1.0)
+    assert not maskdit.comparisons and "params (2,288,368 vs 1,875,824: +22%" in maskdit.notes[-1]  # its wide decoder
     assert all(d.n == 2 for d in differences)
     assert leaderboard_main(["results/pre_crn/leaderboard.csv"], "table", None, "mask0", "abort") == 0
     out = capsys.readouterr().out  # every paired t-interval printed, and no bootstrap column
@@ -899,3 +902,45 @@ def test_an_empty_condition_is_unknown_and_pairs_only_with_unknown(conditions_bo
     masked = next(r for r in summarize(half) if r.arm == "mask75" and r.point == 1.0)
     assert not masked.comparisons
     assert masked.notes[-1] == "mask75: not paired with mask0 on seed(s) 0, 1, 2: precision (fp32 vs unknown) differ"
+
+
+def test_arms_of_different_sizes_are_not_compared_unless_allowed(conditions_board, tmp_path, capsys):
+    """mask75 with 46% more parameters than mask0 (SPRINT's old extra blocks): no seed pairs, so no comparison,
+    and the note names both counts and the flag; 4% more pairs as one size. --allow-size-mismatch compares
+    the 46% and says so in the table."""
+    sized = [dict(row, params={"mask0": 1_875_824, "mask75": 2_733_552, "mask50": 1_950_000}[row["arm"]])
+             for row in conditions_board]
+    summary = summarize(sized)
+    masked = next(r for r in summary if r.arm == "mask75" and r.point == 1.0)
+    assert not masked.comparisons
+    assert masked.notes[-1] == ("mask75: not paired with mask0 on seed(s) 0, 1, 2: params (2,733,552 vs 1,875,824: "
+                                "+46%, beyond ±5%) differ (--allow-size-mismatch compares them)")
+    assert next(r for r in summary if r.arm == "mask50" and r.comparisons).comparisons["fid"].seeds == (0, 1, 2)
+    allowed = next(r for r in summarize(sized, size_tolerance=None) if r.arm == "mask75" and r.point == 1.0)
+    assert allowed.comparisons["fid"].seeds == (0, 1, 2)
+    assert allowed.notes[-1] == ("mask75: compared with mask0 although params (2,733,552 vs 1,875,824: +46%, "
+                                 "beyond ±5%) (--allow-size-mismatch)")
+    path = tmp_path / "sized.csv"
+    append_rows(path, sized)
+    assert leaderboard_main([str(path)], "table", allow_size_mismatch=True) == 0
+    assert "(--allow-size-mismatch)" in capsys.readouterr().out
+    assert leaderboard_main([str(path)], "table") == 0
+    assert "(--allow-size-mismatch compares them)" in capsys.readouterr().out
+
+
+def test_crossover_of_an_arm_the_rows_lack_is_bad_input(conditions_board, tmp_path, capsys):
+    """`--crossover mask57` (a typo) is refused with the arms the rows have and exit 2, not an empty map."""
+    path = tmp_path / "board.csv"
+    append_rows(path, conditions_board)
+    assert leaderboard_main([str(path)], "table", crossover="mask57") == 2
+    assert "--crossover mask57: no such arm in these rows; they have mask0, mask50, mask75" in capsys.readouterr().err
+
+
+def test_an_arm_with_a_pretrained_encoder_reports_its_cost_beside_the_budget(conditions_board):
+    """REPA's frozen encoder was trained before the run: its FLOPs sit in `encoder_flops`, outside train_flops, and
+    the summary says what they were as a share of the budget; an arm without one (0 or empty) gets no note."""
+    rows = [dict(row, encoder_flops=4.23e12 if row["arm"] == "mask75" else 0.0) for row in conditions_board]
+    final = {r.arm: r for r in summarize(rows) if r.point == 1.0}
+    assert f"mask75: its frozen encoder's pretraining cost 4.23e+12 FLOPs ({4.23e12 / BUDGET:.0%} of the budget), " \
+           "not counted in train_flops" in final["mask75"].notes
+    assert not any("encoder" in note for note in final["mask50"].notes + final["mask0"].notes)

@@ -24,7 +24,7 @@ from maskbench.config.schema import CONF_DIR, CONFIG_GROUPS, ArmConfig, DataConf
 from maskbench.config.validate import validate
 from maskbench.errors import ConfigError
 from maskbench.manifest import read_manifest
-from maskbench.models.presets import PRESETS
+from maskbench.models.presets import PRESETS, ModelConfig, maskdit_decoder
 from maskbench.weights import REGISTRY, WeightFile, weights_folder
 
 
@@ -95,10 +95,34 @@ def load_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
         cfg: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), composed))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(_one_line(err)) from None
+    if cfg.model.resplit:
+        cfg.model.depth = resplit_depth(cfg.model, baseline_model(cfg.model.name, overrides))
     validate(cfg)
     _label_data(cfg.data, named=any(o.partition("=")[0].lstrip("+") in ("data", "data.name") for o in overrides))
     _fill_weights(cfg)
     return cfg
+
+
+def baseline_model(name: str, overrides: list[str]) -> ModelConfig:
+    """The model the same command gives the baseline: the preset with the command line's model.* options."""
+    model = OmegaConf.structured(PRESETS[name]())
+    options = [o for o in overrides if o.startswith("model.")]
+    merged = OmegaConf.merge(model, OmegaConf.from_dotlist([o.removeprefix("model.") for o in options]))
+    return OmegaConf.to_object(merged)
+
+
+def resplit_depth(model: ModelConfig, baseline: ModelConfig) -> int:
+    """The backbone depth that keeps the baseline's full-width blocks once the arm's mixer and full-width decoder
+    blocks are taken out of them (`ModelConfig.resplit`). SPRINT splits SiT-XL's own 28 blocks into 2 dense + 24
+    sparse + 2 decoder (snap-research/Sprint configs/train/SIT_XL_SPRINT_256.yaml 29-31) rather than adding
+    blocks; MaskDiT keeps DiT-XL's 28 as its encoder and adds a narrow decoder (Anima-Lab/MaskDiT
+    models/maskdit.py 309-331, 661-662), so on micro_s its encoder runs the mixer's block too."""
+    blocks = baseline.mixer_depth + baseline.depth + baseline.decoder_depth
+    depth = blocks - model.mixer_depth - (0 if maskdit_decoder(model) else model.decoder_depth)
+    if depth < 1:
+        raise ConfigError(f"model.resplit: {model.name}'s {blocks} blocks leave no backbone block after "
+                          f"{model.mixer_depth} mixer and {model.decoder_depth} decoder block(s)")
+    return depth
 
 
 def _label_data(data: DataConfig, named: bool) -> None:

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from maskbench.config.schema import ArmConfig, DataConfig, Phase, RunConfig, Trainable, Until
 from maskbench.errors import ConfigError
+from maskbench.models.presets import decoder_width, maskdit_decoder
 
 # Fields added after the first results landed: hashed only when set, so runs that do not use them keep
 # their names (and resume) across upgrades.
@@ -24,7 +25,7 @@ HASHED_WHEN_SET = {
     "train.demote_gate", "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
     "eval.final_n_samples", "eval.bootstrap_resamples", "model.sparse_fusion", "model.path_drop",
     "train.repa_weight", "train.repa_depth", "train.repa_encoder",
-    "model.route_ratio", "model.route_start", "model.route_end",
+    "model.route_ratio", "model.route_start", "model.route_end", "model.resplit",
 }
 # The same for the fields of each phase (a list element, so not a dotted name above).
 PHASE_HASHED_WHEN_SET = {"trainable", "until", "lr", "demote"}
@@ -91,6 +92,9 @@ def config_hash(cfg: RunConfig) -> str:
                               if k not in UNTIL_HASHED_WHEN_SET or v != until_defaults[k]}
     if cfg.init_from is not None:
         relevant["init_from"] = source_label(cfg.init_from)
+    relevant["model"].pop("decoder_ratio", None)  # the width it resolves to names the run: ratios that round alike
+    if maskdit_decoder(cfg.model):  # are one run, and its runs before the DecoderLayer (full width) are others
+        relevant["model"]["decoder_width"] = decoder_width(cfg.model)
     relevant["draws"] = DRAW_SCHEME
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 

@@ -162,7 +162,7 @@ class TrainConfig:
                                                  # (before clipping) is non-finite or above this; counted
     repa_weight: float = 0.0       # REPA (sihyun-yu/REPA): λ on its alignment loss, 0 = off (its default 0.5)
     repa_depth: Optional[int] = None  # the aligned block from 1 (mixer, backbone, decoder); None: scaled from 8 of 28
-    repa_encoder: Optional[str] = None  # "synth" (the shipped repa-synth-v1) or a timm DINOv2-B weights file;
+    repa_encoder: Optional[str] = None  # "synth" (the shipped repa-synth-v2), "random" (the control) or a DINOv2-B file;
                                         # None: synth on synth data, else paths.weights' DINOv2-B (train/repa.py)
 
 

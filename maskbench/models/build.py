@@ -21,6 +21,13 @@ def build_model(cfg: ModelConfig, data: DatasetInfo) -> DiT:
     return DiT(cfg, data.image_size, data.channels, cfg.text_width, text_encoder=text_encoder)
 
 
+def count_params(cfg: ModelConfig, data: DatasetInfo) -> int:
+    """The parameter count of the model a run trains, built on the meta device: no weights are allocated or
+    initialised, so every shipped arm is sized in seconds (`maskbench arms --sizes`)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(cfg, data).parameters())
+
+
 def loader_decoder(data: DatasetInfo, cfg: ModelConfig) -> Callable[[dict], dict]:
     """The shard decoder a loader for this model uses: synth captions are tokenized in the loader, off
     the training step, for the model's own text encoder; latent shards carry their text embeddings."""

@@ -9,8 +9,9 @@ The layout follows DiT (Peebles & Xie) with the pieces the masked-training paper
     -> backbone blocks on the K tokens   (optional long skips: block i fuses block depth-1-i; an odd depth is
                                           U-ViT's in-blocks, mid block, out-blocks, an even one Skip-DiT's halves;
                                           each skip optionally scaled as ScaleLong does)
-    -> optional decoder blocks on all L tokens: dropped slots refilled with a learned mask token and positions
-       added (MaskDiT), or SPRINT's fusion of the deep path with the dense one
+    -> optional decoder blocks on all L tokens: MaskDiT's DecoderLayer takes the kept tokens down to the
+       narrower decoder width, dropped slots are refilled with a learned mask token and the decoder's positions
+       added; or SPRINT's fusion of the deep path with the dense one, at full width
     -> final layer: a prediction for each kept token (each token, with a decoder).
 
 Every block is adaLN-Zero conditioned on (timestep + pooled text), with self-attention,
@@ -32,7 +33,16 @@ from torch import nn
 from maskbench.models.inputs import FULL, StepInputs
 from maskbench.models.kernels import gather_tokens, scatter_tokens
 from maskbench.models.masking import host_to_device
-from maskbench.models.presets import SKIP_GATE_REDUCTION, LongSkipKind, ModelConfig, SkipInit, SkipScale, check_model
+from maskbench.models.presets import (
+    SKIP_GATE_REDUCTION,
+    LongSkipKind,
+    ModelConfig,
+    SkipInit,
+    SkipScale,
+    check_model,
+    decoder_width,
+    maskdit_decoder,
+)
 from maskbench.models.routing import run_routed
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
@@ -75,13 +85,15 @@ class CrossAttention(nn.Module):
     """Image tokens attend to text tokens; padded text tokens are masked out as keys.
 
     timm has no cross-attention layer, so this is timm's Attention with q from x and k, v from context.
+    context_width: the text tokens' width when it is not the image tokens' (MaskDiT's narrow decoder reads the
+    model-width text tokens; k and v come out at the decoder's width).
     """
 
-    def __init__(self, width: int, heads: int) -> None:
+    def __init__(self, width: int, heads: int, context_width: int | None = None) -> None:
         super().__init__()
         self.heads = heads
         self.q = nn.Linear(width, width)
-        self.kv = nn.Linear(width, 2 * width)
+        self.kv = nn.Linear(context_width or width, 2 * width)
         self.proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
@@ -94,15 +106,20 @@ class CrossAttention(nn.Module):
 
 
 class DiTBlock(nn.Module):
-    """adaLN-Zero block: gated self-attention, cross-attention to text, MLP."""
+    """adaLN-Zero block: gated self-attention, cross-attention to text, MLP.
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float) -> None:
+    cond_width: the conditioning vector's and text tokens' width when it is not the block's: MaskDiT's decoder
+    blocks run at the decoder width on the model-width condition (Anima-Lab/MaskDiT models/maskdit.py 175, 185,
+    319-321: `DiTBlock(decoder_hidden_size, hidden_size, ...)`).
+    """
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float, cond_width: int | None = None) -> None:
         super().__init__()
         self.norm1, self.norm2, self.norm3 = _layer_norm(width), _layer_norm(width), _layer_norm(width)
         self.attn = Attention(width, num_heads=heads, qkv_bias=True)
-        self.cross_attn = CrossAttention(width, heads)
+        self.cross_attn = CrossAttention(width, heads, cond_width)
         self.mlp = _mlp(width, mlp_ratio)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 9 * width))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(cond_width or width, 9 * width))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, context: torch.Tensor,
                 context_mask: torch.Tensor) -> torch.Tensor:
@@ -115,17 +132,34 @@ class DiTBlock(nn.Module):
 
 
 class FinalLayer(nn.Module):
-    """adaLN + Linear to one patch of pixels/latents per token."""
+    """adaLN + Linear to one patch of pixels/latents per token (width: the tokens'; cond_width: the condition's,
+    the model width, when a narrow decoder comes before: MaskDiT models/maskdit.py 221-228, 329-331)."""
 
-    def __init__(self, width: int, out_dim: int) -> None:
+    def __init__(self, width: int, out_dim: int, cond_width: int | None = None) -> None:
         super().__init__()
         self.norm = _layer_norm(width)
         self.linear = nn.Linear(width, out_dim)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(cond_width or width, 2 * width))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(c)[:, None, :].chunk(2, dim=-1)  # 2× B×1×D
         return self.linear(modulate(self.norm(x), shift, scale))              # B×N×out_dim
+
+
+class DecoderLayer(nn.Module):
+    """MaskDiT's step from the encoder to its narrower decoder (Anima-Lab/MaskDiT models/maskdit.py 195-213):
+    a parameter-free LayerNorm, adaLN shift and scale from the model-width condition, then Linear(width ->
+    decoder width). It runs on the kept tokens, before the mask token refills the dropped slots (538-543)."""
+
+    def __init__(self, width: int, decoder_width: int) -> None:
+        super().__init__()
+        self.norm = _layer_norm(width)
+        self.linear = nn.Linear(width, decoder_width)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c)[:, None, :].chunk(2, dim=-1)  # 2× B×1×D
+        return self.linear(modulate(self.norm(x), shift, scale))              # B×K×D_dec
 
 
 class LongSkipFusion(nn.Module):
@@ -278,11 +312,19 @@ class DiT(nn.Module):
                                          for (i, _), scale in zip(pairs, skip_scales(cfg))})  # by fusing block
         gates = {SkipScale.learned_shared: 1, SkipScale.learned_per_skip: len(pairs)}.get(cfg.skip_scale, 0)
         self.long_skip_gates = nn.ModuleList(SkipGate(self.seq_len) for _ in range(gates))  # ScaleLong's LS
-        self.decoder = nn.ModuleList(DiTBlock(cfg.width, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth))
-        learned_mask_token = cfg.decoder_depth and not cfg.sparse_fusion  # MaskDiT's; SPRINT's is fixed
-        self.mask_token = nn.Parameter(torch.zeros(cfg.width)) if learned_mask_token else None
+        # MaskDiT's decoder (models/maskdit.py 309-331): DecoderLayer width -> decoder width, the learned mask token
+        # and fixed sin-cos decoder positions at that width, decoder blocks and the final layer at it too, all
+        # conditioned on the model-width c. SPRINT's decoder is full width, fed by its fusion, with a fixed token.
+        dec_width = decoder_width(cfg)
+        maskdit = maskdit_decoder(cfg)
+        self.decoder_layer = DecoderLayer(cfg.width, dec_width) if maskdit else None
+        self.decoder = nn.ModuleList(DiTBlock(dec_width, cfg.heads, cfg.mlp_ratio, cfg.width)
+                                     for _ in range(cfg.decoder_depth))
+        self.mask_token = nn.Parameter(torch.zeros(dec_width)) if maskdit else None
+        self.register_buffer("decoder_pos_embed", build_sincos2d_pos_embed(list(self.grid), dec_width)
+                             if maskdit else None, persistent=False)  # L×D_dec, MaskDiT's decoder_pos_embed
         self.sparse_fusion = SparseDenseFusion(cfg.width) if cfg.sparse_fusion else None
-        self.final_layer = FinalLayer(cfg.width, cfg.patch_size ** 2 * in_channels)
+        self.final_layer = FinalLayer(dec_width, cfg.patch_size ** 2 * in_channels, cfg.width)
         self.initialize_weights()
 
     def initialize_weights(self) -> None:
@@ -308,8 +350,10 @@ class DiT(nn.Module):
         if self.sparse_fusion is not None:
             nn.init.normal_(self.sparse_fusion.mask_token, std=0.02)
         blocks = [*self.mixer, *self.blocks, *self.decoder, self.final_layer]
-        modulations = [block.adaLN_modulation[-1] for block in blocks]
-        for layer in [*modulations, self.final_layer.linear]:
+        zeroed = [*(block.adaLN_modulation[-1] for block in blocks), self.final_layer.linear]
+        if self.decoder_layer is not None:  # MaskDiT zeroes it as its final layer, Linear too (maskdit.py 403-408)
+            zeroed += [self.decoder_layer.adaLN_modulation[-1], self.decoder_layer.linear]
+        for layer in zeroed:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
         self.init_skips(self.cfg.skip_init)
@@ -388,25 +432,30 @@ class DiT(nn.Module):
             tokens = run_routed(self.blocks, tokens, span_idx, self.cfg,
                                 lambda block, x: block(x, c, ctx, ctx_mask))                # B×K×D
         if self.decoder:
-            tokens = self.decoder_input(tokens, dense, pos, keep_idx, drop_path)       # B×L×D
+            tokens = self.decoder_input(tokens, c, dense, keep_idx, drop_path, x.shape[-2:])  # B×L×D_dec
             for block in self.decoder:
-                tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D
+                tokens = block(tokens, c, ctx, ctx_mask)                               # B×L×D_dec
         return self.final_layer(tokens, c)                                             # B×K×(p·p·C) or B×L×…
 
-    def decoder_input(self, tokens: torch.Tensor, dense: torch.Tensor | None, pos: torch.Tensor,
-                      keep_idx: torch.Tensor | None, drop_path: torch.Tensor | None) -> torch.Tensor:
-        """The backbone's B×K×D tokens back on all L slots for the decoder blocks (B×L×D).
+    def decoder_input(self, tokens: torch.Tensor, c: torch.Tensor, dense: torch.Tensor | None,
+                      keep_idx: torch.Tensor | None, drop_path: torch.Tensor | None,
+                      size: tuple[int, int]) -> torch.Tensor:
+        """The backbone's B×K×D tokens back on all L slots of the H×W (`size`) input for the decoder blocks.
 
-        SPRINT: fused with the dense path (`SparseDenseFusion`). MaskDiT: dropped slots hold the learned mask
-        token, and every token, kept or not, gets the positions again (Anima-Lab/MaskDiT models/maskdit.py
-        539-545: `decoder_pos_embed` is added after the refill, at any mask ratio).
+        SPRINT: fused with the dense path (`SparseDenseFusion`), B×L×D. MaskDiT (Anima-Lab/MaskDiT models/maskdit.py
+        538-545): the DecoderLayer takes the kept tokens to the decoder width, dropped slots hold the learned mask
+        token, and every token, kept or not, gets the decoder's positions (`decoder_pos_embed`, added after the
+        refill at any mask ratio), B×L×D_dec.
         """
         if self.sparse_fusion is not None:
             return self.sparse_fusion(tokens, dense, keep_idx, drop_path, self.cfg.kernels)  # B×L×D
+        tokens = self.decoder_layer(tokens, c)                                         # B×K×D_dec
+        pos = self.positions(size[0] // self.patch_size, size[1] // self.patch_size,
+                             self.decoder_pos_embed)                                   # L×D_dec
         if keep_idx is not None:
             tokens = scatter_tokens(tokens, keep_idx, pos.shape[0], self.mask_token,
-                                    impl=self.cfg.kernels)                             # B×L×D
-        return tokens + pos                                                            # B×L×D
+                                    impl=self.cfg.kernels)                             # B×L×D_dec
+        return tokens + pos                                                            # B×L×D_dec
 
     def backbone(self, tokens: torch.Tensor, c: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor,
                  keep_idx: torch.Tensor | None) -> torch.Tensor:
@@ -428,8 +477,9 @@ class DiT(nn.Module):
         gate = self.long_skip_gates[0 if self.cfg.skip_scale == SkipScale.learned_shared else nth]
         return gate(skip, keep_idx)
 
-    def positions(self, h: int, w: int) -> torch.Tensor:
-        """L×D positions of an h×w token grid: the native sin-cos table, filtered down on demoted grids.
+    def positions(self, h: int, w: int, native: torch.Tensor | None = None) -> torch.Tensor:
+        """L×D positions of an h×w token grid: the native sin-cos table (`pos_embed`, or `native`: the decoder's),
+        filtered down on demoted grids.
 
         A token of a grid downscaled by an integer f covers f×f native tokens, so it gets their mean
         position: sin-cos evaluated at the covered region's centre, with frequencies finer than the token
@@ -437,9 +487,10 @@ class DiT(nn.Module):
         would shift their centres by up to half a token, so the table is resampled instead (antialiased
         bilinear: each token's true centre, a filter as wide as the token).
         """
+        native = self.pos_embed if native is None else native                         # L×D
         if (h, w) == self.grid:
-            return self.pos_embed                                                      # L×D
-        table = self.pos_embed.T.reshape(1, -1, *self.grid)                            # 1×D×H×W
+            return native                                                              # L×D
+        table = native.T.reshape(1, -1, *self.grid)                                    # 1×D×H×W
         if self.grid[0] % h or self.grid[1] % w:
             resampled = F.interpolate(table, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
         else:

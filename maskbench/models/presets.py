@@ -6,6 +6,7 @@ they live apart from the network in `dit.py`, which needs torch and timm.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -44,9 +45,14 @@ class ModelConfig:
     skip_kappa: float = 0.5   # ScaleLong's kappa (skip_scale=kappa); its code's default
     skip_init: SkipInit = SkipInit.dit  # how the long-skip fusion layers start (matters most when converting)
     decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
+    decoder_ratio: float | None = None  # MaskDiT: its decoder's width over the model's, after the DecoderLayer;
+                                        # None: the authors' 512 / 1152 (`decoder_width`). SPRINT's is full width
     sparse_fusion: bool = False  # SPRINT: the decoder reads Linear(cat[deep path refilled with a fixed mask token,
                                  # the mixer's dense path]) and every token carries loss (needs mixer and decoder)
     path_drop: float = 0.0    # SPRINT: the chance a training sample's whole deep path is the mask token
+    resplit: bool = False     # the arm keeps the baseline's full-width blocks: its mixer and full-width decoder
+                              # blocks come out of them (SPRINT's 2 + 24 + 2 is SiT-XL's 28; MaskDiT's narrow
+                              # decoder is added, as on DiT-XL's 28): `depth` is what is left (config.compose)
     route_ratio: float = 0.0  # TREAD: the share of the backbone's tokens that bypass the routed span in training
     route_start: int | None = None  # TREAD: the span's first backbone block; None: the authors' (`route_span`)
     route_end: int | None = None    # TREAD: its last backbone block, inclusive (their end_layer_idx); None: theirs
@@ -77,6 +83,32 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": tiny, "tiny_deep": tiny_deep, "micro_xxs": micro_xxs, "micro_xs": micro_xs, "micro_s": micro_s, "micro_m": micro_m,
     "dit_s2": dit_s2, "dit_b2": dit_b2, "dit_l2": dit_l2, "dit_xl2": dit_xl2, "microdit_xl2": microdit_xl2,
 }
+
+
+# MaskDiT's decoder (Anima-Lab/MaskDiT models/maskdit.py 309-331): 8 blocks 512 wide with 16 heads after DiT-XL/2's
+# 28 blocks 1152 wide with 16 heads (661-662), behind a DecoderLayer that takes the encoder's width down to 512.
+MASKDIT_DECODER_WIDTH, MASKDIT_WIDTH = 512, 1152
+
+
+def maskdit_decoder(cfg: ModelConfig) -> bool:
+    """True if the model has MaskDiT's decoder: decoder blocks without SPRINT's fusion."""
+    return cfg.decoder_depth > 0 and not cfg.sparse_fusion
+
+
+def decoder_width(cfg: ModelConfig) -> int:
+    """The width the decoder blocks and the final layer after them run at.
+
+    MaskDiT's decoder: model.width times model.decoder_ratio, or the authors' 512 / 1152 (models/maskdit.py 310
+    at DiT-XL/2's width), rounded to the nearest multiple of lcm(4, heads), at least one (the 2-D sin-cos
+    positions need a multiple of 4; the decoder keeps the encoder's head count, as the authors' 16 and 16):
+    512 on dit_xl2, 56 on tiny (the `maskdit50` arms set 0.3125: 40 on tiny, docs/arms.md says why). SPRINT's decoder (and a model without one) is model.width: SPRINT's authors run
+    their decoder blocks and final layer at the encoder's width (snap-research/Sprint src/models/sit.py 411-441).
+    """
+    if not maskdit_decoder(cfg):
+        return cfg.width
+    ratio = MASKDIT_DECODER_WIDTH / MASKDIT_WIDTH if cfg.decoder_ratio is None else cfg.decoder_ratio
+    step = math.lcm(4, cfg.heads)
+    return max(1, round(cfg.width * ratio / step)) * step
 
 
 def route_span(cfg: ModelConfig) -> tuple[int, int]:
@@ -113,6 +145,7 @@ def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
         if getattr(cfg, name) not in {m.value for m in enum}:
             raise ValueError(f"model.{name} must be {'|'.join(m.value for m in enum)}; got {getattr(cfg, name)!r}")
     _check_long_skip(cfg)
+    _check_decoder_width(cfg)
     _check_sparse_fusion(cfg)
     _check_routing(cfg)
     if image_size is not None and image_size % cfg.patch_size:
@@ -133,6 +166,19 @@ def _check_long_skip(cfg: ModelConfig) -> None:
         raise ValueError(f"model.skip_kappa={cfg.skip_kappa:g} does nothing without model.skip_scale=kappa")
     if not 0.0 < cfg.skip_kappa <= 1.0:
         raise ValueError(f"model.skip_kappa must be in (0, 1], got {cfg.skip_kappa:g}")
+
+
+def _check_decoder_width(cfg: ModelConfig) -> None:
+    """model.decoder_ratio narrows MaskDiT's decoder only: without decoder blocks it would do nothing, and SPRINT's
+    fused decoder is full width as its authors build it. A decoder wider than the model is not MaskDiT's."""
+    if cfg.decoder_ratio is None:
+        return
+    if not maskdit_decoder(cfg):
+        raise ValueError(f"model.decoder_ratio={cfg.decoder_ratio:g} sets MaskDiT's decoder width: it needs "
+                         "model.decoder_depth >= 1 and no model.sparse_fusion (SPRINT's decoder is full width)")
+    if not 0 < cfg.decoder_ratio <= 1:
+        raise ValueError(f"model.decoder_ratio={cfg.decoder_ratio:g} must be in (0, 1]: the decoder's width over "
+                         "the model's")
 
 
 def _check_sparse_fusion(cfg: ModelConfig) -> None:

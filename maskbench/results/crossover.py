@@ -45,7 +45,7 @@ from maskbench.results.estimators import (
 )
 from maskbench.results.leaderboard import Row
 from maskbench.results.multiplicity import EXPLORATORY, Family, adjust, corrected_difference
-from maskbench.results.summary import paired_by_condition, source_family
+from maskbench.results.summary import SIZE_TOLERANCE, paired_by_condition, source_family
 from maskbench.results.targets import horizon_target, seed_ratio
 
 if TYPE_CHECKING:  # matplotlib loads only when a map is drawn
@@ -80,7 +80,8 @@ class Cell:
 
 
 def crossover_cells(rows: Sequence[Row], arm: str = "mask75", baseline: str = "mask0",
-                    metrics: Sequence[str] = CO_PRIMARY, level: float = 0.95) -> list[Cell]:
+                    metrics: Sequence[str] = CO_PRIMARY, level: float = 0.95,
+                    size_tolerance: float | None = SIZE_TOLERANCE) -> list[Cell]:
     """Every (model, batch size, baseline eval point) cell with at least one seed run by both arms, read on
     each of `metrics` the rows measure, intervals at `level`."""
     unknown = [metric for metric in metrics if metric not in compared_metrics()]
@@ -97,7 +98,7 @@ def crossover_cells(rows: Sequence[Row], arm: str = "mask75", baseline: str = "m
         by_arm = runs[key]
         seeds = sorted(set(by_arm[arm]) & set(by_arm[baseline]))
         kept, _, warning = paired_by_condition([by_arm[arm][s][0] for s in seeds],
-                                               [by_arm[baseline][s][0] for s in seeds], baseline)
+                                               [by_arm[baseline][s][0] for s in seeds], baseline, size_tolerance)
         seeds = sorted(row["seed"] for row in kept)
         notes = (f"{key[1]} b{key[2]}: {arm}: {warning}",) if warning else ()
         if seeds:

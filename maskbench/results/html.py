@@ -32,7 +32,7 @@ from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import ArmVerdict, Family
 from maskbench.results.report import NO_PLAN, analyse_rows, applied_plan
 from maskbench.results.scaling import GroupFit
-from maskbench.results.summary import Summary, measured_groups
+from maskbench.results.summary import SIZE_TOLERANCE, Summary, measured_groups
 from maskbench.results.tables import group_label, headline, ratio_headline, render, render_scaling, render_verdicts
 from maskbench.train.checkpoint import RunDir
 
@@ -72,14 +72,15 @@ class Study:
                 or f"No arm of these rows has a comparison with {self.baseline}: no verdict.")
 
 
-def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | None, on_error: str) -> Study:
+def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | None, on_error: str,
+            size_tolerance: float | None = SIZE_TOLERANCE) -> Study:
     """The rows, plan, family, corrected summary, compute curves and verdicts, found as
     `report.leaderboard_main` finds them (`report.analyse_rows`)."""
     rows = read_rows(paths, on_error)
     if not rows:
         raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
     found, baseline, family = applied_plan(rows, paths, plan, baseline)
-    analysis = analyse_rows(rows, found, baseline, family)
+    analysis = analyse_rows(rows, found, baseline, family, size_tolerance=size_tolerance)
     plan_line = found.describe(rows, analysis.tests) if found else NO_PLAN
     return Study(name, list(paths), rows, plan_line, family, baseline, analysis.summary, analysis.fits,
                  analysis.verdicts)
@@ -94,15 +95,16 @@ def studies(paths: Sequence[str]) -> dict[str, list[str]]:
 
 
 def html_main(paths: Sequence[str], out_dir: str, runs: str | None, plan: str | None, baseline: str | None,
-              on_error: str) -> int:
+              on_error: str, allow_size_mismatch: bool = False) -> int:
     """Write DIR/<study>/report.html for each study among the CSVs; the exit code (2 and one line on bad input)."""
     runs_root = Path(runs or PathsConfig().runs)
     try:
         for name, study_paths in studies(paths).items():
             out = Path(out_dir) / name / PAGE
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(study_page(analyse(name, study_paths, plan, baseline, on_error), runs_root),
-                           encoding="utf-8")
+            study = analyse(name, study_paths, plan, baseline, on_error,
+                            None if allow_size_mismatch else SIZE_TOLERANCE)
+            out.write_text(study_page(study, runs_root), encoding="utf-8")
             print(f"study page written to {out}", file=sys.stderr)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

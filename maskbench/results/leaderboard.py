@@ -33,7 +33,7 @@ _WRITTEN: tuple[str, ...] = (
     "config_hash", "created_at", "source", "fid_ref", "fd_dinov2", "fd_dinov2_features",
     "flops_per_s", "init_from", "switch_step", "branch_flops", "data_wait_s", "compile_s", "eval_s",
     "checkpoint_s", "resume_s", "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se",
-    "precision", "draw_scheme",
+    "precision", "draw_scheme", "encoder_flops",
 )
 METRIC_COLUMNS = tuple(column for m in METRICS for column in (m.name, m.se_column))
 COLUMNS = _WRITTEN + tuple(column for column in METRIC_COLUMNS if column not in _WRITTEN)
@@ -42,14 +42,14 @@ COLUMNS = _WRITTEN + tuple(column for column in METRIC_COLUMNS if column not in 
 ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s", "init_from", "switch_step",
                  "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s",
                  "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se", "precision", "draw_scheme",
-                 *COLUMNS[len(_WRITTEN):])
+                 "encoder_flops", *COLUMNS[len(_WRITTEN):])
 INT_COLUMNS = frozenset({
     "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
     "sampler_steps", "switch_step",
 })
 FLOAT_COLUMNS = frozenset({
     "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "clip_cos", "cfg_scale", "flops_per_s",
-    "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s",
+    "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s", "encoder_flops",
     *METRIC_COLUMNS,  # each metric and its sampling error
 })
 # A measured row must say what it measured to be grouped; a reference row (non-empty `source`)

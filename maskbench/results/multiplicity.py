@@ -29,14 +29,14 @@ import numpy as np
 from maskbench.metrics import CO_PRIMARY, get_metric
 from maskbench.results.estimators import Difference, Ratio, holm
 from maskbench.results.scaling import GroupFit
-from maskbench.results.summary import Comparison, Summary
+from maskbench.results.summary import DETECTED_SES, Comparison, Summary, detected_difference
+from maskbench.results.summary import gap_detected as _gap_detected
 
 CORRECTIONS = ("holm", "none")
 RATIO = "compute-to-target ratio"    # the older rule: isotonic ratios tested, pays below 1
 MULTIPLIER = "compute multiplier"    # T1 + T2, pays when M(B) lies above 1 (results/fair/PLAN.md)
 RULES = (RATIO, MULTIPLIER)
 M_AXIS = "M"                         # `Family.planned`'s compute for T2, the compute multiplier at B
-DETECTED_SES = 2.0                   # a gap under this many combined sampling errors is "not detected"
 
 
 @dataclass(frozen=True)
@@ -171,22 +171,6 @@ def correct_study(summary: Sequence[Summary], fits: Sequence[GroupFit],
         arms[k] = replace(arms[k], multipliers=(*multipliers[:-1], replace(multipliers[-1], p_adj=float(p))))
         out[j] = replace(out[j], arms=tuple(arms))
     return records, out, int(np.sum(~np.isnan(np.asarray(pvalues, dtype=float))))
-
-
-def detected_difference(difference: Difference) -> Difference:
-    """A difference whose better / worse verdict rests on a gap under DETECTED_SES combined sampling errors
-    (the SE of Δ the rows' own sampling errors imply, `Difference.eval_se`) reads "not detected"; unchanged
-    without sampling errors."""
-    word = difference.verdict
-    if word in ("better", "worse") and not _gap_detected(difference):
-        word = (f"not detected: |Δ| {abs(difference.mean):.3g} is under {DETECTED_SES:g} combined sampling errors "
-                f"({DETECTED_SES * difference.eval_se:.3g}); the test alone: {word}")
-    return replace(difference, verdict=word)
-
-
-def _gap_detected(difference: Difference) -> bool:
-    """|Δ| at least DETECTED_SES combined sampling errors (True where the rows carry none)."""
-    return math.isnan(difference.eval_se) or abs(difference.mean) >= DETECTED_SES * difference.eval_se
 
 
 @dataclass(frozen=True)

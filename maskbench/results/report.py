@@ -44,7 +44,7 @@ from maskbench.results.multiplicity import (
     multiplier_verdicts,
 )
 from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, FAILURE_RULES, GroupFit, fit_groups
-from maskbench.results.summary import Summary, summarize
+from maskbench.results.summary import SIZE_TOLERANCE, Summary, summarize
 from maskbench.results.tables import FORMATS, render, render_scaling, render_verdicts
 from maskbench.results.targets import COMPUTE
 
@@ -238,26 +238,27 @@ class Analysis:
 
 
 def analyse_rows(rows: Sequence[Row], plan: Plan | None, baseline: str, family: Family,
-                 fits: bool = True) -> Analysis:
+                 fits: bool = True, size_tolerance: float | None = SIZE_TOLERANCE) -> Analysis:
     """Summarise, fit the compute curves (when `fits`, or always under the compute-multiplier rule, whose
     tests include them), correct the family's tests together (`multiplicity.correct_study`) and read the
     verdicts. Under the ratio rule (and without a plan) the curves are FD's and val loss's, as always; under
     the compute-multiplier rule, the plan's primary metrics' too."""
-    summary = summarize(rows, baseline, family.compared(), 1 - family.alpha)
+    summary = summarize(rows, baseline, family.compared(), 1 - family.alpha, size_tolerance)
     found: list[GroupFit] = []
     if fits or family.rule == MULTIPLIER:
         metrics = (CO_PRIMARY if family.rule == RATIO else
                    tuple(m for m in family.compared() if get_metric(m).lower_is_better))
         found = fit_groups(rows, baseline, metrics, level=1 - family.alpha,
                            within=plan.crossover_within if plan else CROSSOVER_WITHIN,
-                           rule=plan.prediction_fails if plan else DEFAULT_RULE)
+                           rule=plan.prediction_fails if plan else DEFAULT_RULE, size_tolerance=size_tolerance)
     summary, found, tests = correct_study(summary, found, family)
     return Analysis(summary, found, multiplier_verdicts(summary, found, family), tests)
 
 
 def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
                      baseline: str | None = None, on_error: str = "skip", mlperf: bool = False,
-                     crossover: str | None = None, plan: str | None = None) -> int:
+                     crossover: str | None = None, plan: str | None = None,
+                     allow_size_mismatch: bool = False) -> int:
     """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
 
     With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
@@ -290,9 +291,11 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         if mlperf:
             return _print_mlperf(rows, baseline or "mask0", fmt)
         found, baseline, family = applied_plan(rows, paths, plan, baseline)
+        tolerance = None if allow_size_mismatch else SIZE_TOLERANCE
         if crossover:
-            return _print_crossover(rows, crossover, baseline, plot, found, family)
-        analysis = analyse_rows(rows, found, baseline, family, fits=fmt != "csv" or bool(plot))
+            return _print_crossover(rows, crossover, baseline, plot, found, family, tolerance)
+        analysis = analyse_rows(rows, found, baseline, family, fits=fmt != "csv" or bool(plot),
+                                size_tolerance=tolerance)
         summary, fits = analysis.summary, analysis.fits
         _print_plan_line(found.describe(rows, analysis.tests) if found else NO_PLAN, fmt)
         print(render(summary, fmt, family))
@@ -333,10 +336,14 @@ def _print_mlperf(rows, baseline: str, fmt: str) -> int:
 
 
 def _print_crossover(rows, arm: str, baseline: str, plot: str | None, plan: Plan | None,
-                     family: Family) -> int:
+                     family: Family, size_tolerance: float | None) -> int:
     from maskbench.results.crossover import correct_cells, crossover_cells, plot_crossover, render_cells
 
-    cells = crossover_cells(rows, arm=arm, baseline=baseline, metrics=family.compared(), level=1 - family.alpha)
+    measured = sorted({row["arm"] for row in rows if not row["source"]})
+    if arm not in measured:  # a typo, not an empty map: bad input
+        raise ValueError(f"--crossover {arm}: no such arm in these rows; they have {', '.join(measured)}")
+    cells = crossover_cells(rows, arm=arm, baseline=baseline, metrics=family.compared(), level=1 - family.alpha,
+                            size_tolerance=size_tolerance)
     if not cells:
         print(f"no crossover cells: no seed has both a {arm} and a {baseline} run of the same model, batch size "
               "and budget", file=sys.stderr)

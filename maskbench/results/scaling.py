@@ -40,7 +40,7 @@ import scipy.optimize
 from maskbench.metrics import CO_PRIMARY
 from maskbench.results.estimators import Estimate, Ratio, curve_errors, mean_ci, ratio_summary, sampling_ses
 from maskbench.results.leaderboard import Row
-from maskbench.results.summary import measured_groups, paired_by_condition
+from maskbench.results.summary import SIZE_TOLERANCE, measured_groups, paired_by_condition
 
 MIN_HORIZONS = 3          # a curve has two parameters of its own besides the shared floor
 CROSSOVER_WITHIN = 10.0   # k: a crossover is read within [B/k, k·B], and is "none within k× of B" elsewhere
@@ -264,16 +264,17 @@ def held_interval(quantity: str, values: np.ndarray, level: float) -> Interval:
 
 
 def fit_groups(rows: Sequence[Row], baseline: str = "mask0", metrics: Sequence[str] = CO_PRIMARY,
-               level: float = 0.95, within: float = CROSSOVER_WITHIN,
-               rule: str = DEFAULT_RULE) -> list[GroupFit]:
+               level: float = 0.95, within: float = CROSSOVER_WITHIN, rule: str = DEFAULT_RULE,
+               size_tolerance: float | None = SIZE_TOLERANCE) -> list[GroupFit]:
     """The compute curves of every leaderboard group with the baseline at >= MIN_HORIZONS horizons, per
     metric of `metrics` (ones that fall towards a floor: val loss, FD)."""
     return [found for key, group in measured_groups(rows).items() for metric in metrics
-            if (found := fit_group(key, group, metric, baseline, level, within, rule)) is not None]
+            if (found := fit_group(key, group, metric, baseline, level, within, rule, size_tolerance)) is not None]
 
 
 def fit_group(key: tuple, rows: Sequence[Row], metric: str, baseline: str = "mask0", level: float = 0.95,
-              within: float = CROSSOVER_WITHIN, rule: str = DEFAULT_RULE) -> GroupFit | None:
+              within: float = CROSSOVER_WITHIN, rule: str = DEFAULT_RULE,
+              size_tolerance: float | None = SIZE_TOLERANCE) -> GroupFit | None:
     """One group's curves of `metric` (None without the baseline at MIN_HORIZONS horizons): per seed the
     joint fit of every arm with MIN_HORIZONS points of that seed, run under the baseline's conditions;
     then over seeds E, each arm's A and α, M at each horizon, the crossover and the held-out check.
@@ -288,20 +289,22 @@ def fit_group(key: tuple, rows: Sequence[Row], metric: str, baseline: str = "mas
     budget = horizons[-1]
     errors = sampling_ses(rows, metric)
     weighted = errors is not None and min(errors) > 0
-    curves, notes = _seed_curves(rows, metric, baseline, weighted)
+    curves, notes = _seed_curves(rows, metric, baseline, weighted, size_tolerance)
     if not curves:
         return None
     fits = [fit_seed(arms, budget, seed) for seed, arms in sorted(curves.items())]
-    held_out, held_points = _held_out(rows, metric, baseline, points, budget, fits, level, rule, weighted)
+    held_out, held_points = _held_out(rows, metric, baseline, points, budget, fits, level, rule, weighted,
+                                      size_tolerance)
     return GroupFit(key, metric, baseline, budget, tuple(points), tuple(horizons),
                     mean_ci([fit.floor for fit in fits], level), _arm_fits(fits, baseline, horizons, level, within),
                     tuple(fits), weighted, within, held_out, held_points, rule, tuple(notes))
 
 
-def _seed_curves(rows: Sequence[Row], metric: str, baseline: str,
-                 weighted: bool) -> tuple[dict[int, dict[str, Points]], list[str]]:
+def _seed_curves(rows: Sequence[Row], metric: str, baseline: str, weighted: bool,
+                 size_tolerance: float | None) -> tuple[dict[int, dict[str, Points]], list[str]]:
     """Per seed whose baseline has MIN_HORIZONS points, that baseline's curve and those of the arms with as
-    many points that ran under its conditions (the others set aside, one note per arm), as `Points`."""
+    many points that ran under its conditions and at its size (the others set aside, one note per arm), as
+    `Points`."""
     runs: dict[str, dict[int, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         runs[row["arm"]][row["seed"]].append(row)
@@ -312,7 +315,7 @@ def _seed_curves(rows: Sequence[Row], metric: str, baseline: str,
         seeds = set(by_seed)
         if arm != baseline:
             kept, _, warning = paired_by_condition([run[0] for run in by_seed.values()],
-                                                   [run[0] for run in base.values()], baseline)
+                                                   [run[0] for run in base.values()], baseline, size_tolerance)
             seeds = {row["seed"] for row in kept}
             notes += [f"{arm}: {warning}"] if warning else []
         for seed in sorted(seeds & set(base)):
@@ -377,15 +380,16 @@ def find_crossover(fits: Sequence[SeedFit], arm: str, baseline: str, within: flo
 
 
 def _held_out(rows: Sequence[Row], metric: str, baseline: str, points: Sequence[float], budget: float,
-              fits: Sequence[SeedFit], level: float, rule: str,
-              weighted: bool) -> tuple[tuple[Prediction, ...], tuple[float, ...]]:
+              fits: Sequence[SeedFit], level: float, rule: str, weighted: bool,
+              size_tolerance: float | None) -> tuple[tuple[Prediction, ...], tuple[float, ...]]:
     """Refit on the horizons up to half the largest, and predict at the largest: each arm's metric (against
     its measured values there) and M (against the fit on every horizon). Nothing without MIN_HORIZONS
     horizons up to half."""
     early = [p for p in points if p <= points[-1] / 2 * (1 + 1e-9)]
     if len(early) < MIN_HORIZONS:
         return (), ()
-    curves, _ = _seed_curves([row for row in rows if row["point"] <= early[-1]], metric, baseline, weighted)
+    curves, _ = _seed_curves([row for row in rows if row["point"] <= early[-1]], metric, baseline, weighted,
+                             size_tolerance)
     held = {fit.seed: fit for fit in (fit_seed(arms, budget, seed) for seed, arms in sorted(curves.items()))}
     full = {fit.seed: fit for fit in fits}  # a superset: every seed and arm held out is fitted on all horizons
     final = {(row["arm"], row["seed"]): row for row in rows if row["point"] == points[-1]}

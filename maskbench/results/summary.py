@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.stats
@@ -32,33 +32,57 @@ from maskbench.results.estimators import (
     welch_difference,
 )
 from maskbench.results.leaderboard import Row
-from maskbench.results.targets import COMPUTE, Target, horizon_target, seed_ratio
+from maskbench.results.targets import COMPUTE, Target, horizon_target, seed_pooled, seed_ratio
 
 # What two runs of one seed must share to pair: the same numerics (device, precision) and the same random draws
 # (draw scheme: common random numbers make the per-seed difference cancel the noise only when both runs draw alike).
 # An empty field (rows written before it existed) is "unknown", and pairs only with unknown.
 CONDITIONS = ("device", "precision", "draw_scheme")
+# A gap under this many combined sampling errors (the SE of Δ its rows' own sampling errors imply) is "not
+# detected", whatever the test over seeds says: the evaluation alone could have made it (`detected_difference`).
+DETECTED_SES = 2.0
+# Two models compare as one size when their parameter counts differ by at most this share: an arm that adds
+# capacity (blocks, a wider decoder) would mix its method's effect with the capacity's. `None` (the leaderboard's
+# --allow-size-mismatch) pairs any sizes, and the note says that they differ.
+SIZE_TOLERANCE = 0.05
 
 
-def condition_mismatch(row: Row, partner: Row) -> list[str]:
-    """The fields of CONDITIONS in which two runs differ, as 'field (this vs that)'; empty when they pair."""
+def size_mismatch(row: Row, partner: Row, tolerance: float = SIZE_TOLERANCE) -> str:
+    """'params (A vs B: +x%)' when two runs' parameter counts differ by more than `tolerance`; "" when they
+    compare as one size, or when either row does not say (rows written before the column was filled)."""
+    mine, theirs = row.get("params"), partner.get("params")
+    if not mine or not theirs or abs(mine / theirs - 1) <= tolerance:
+        return ""
+    return f"params ({mine:,} vs {theirs:,}: {mine / theirs - 1:+.0%}, beyond ±{tolerance:.0%})"
+
+
+def condition_mismatch(row: Row, partner: Row, size_tolerance: float | None = SIZE_TOLERANCE) -> list[str]:
+    """The fields of CONDITIONS in which two runs differ, as 'field (this vs that)', and their sizes when they
+    differ beyond `size_tolerance` (None: any size pairs); empty when they pair."""
     values = [(field, row.get(field) or "unknown", partner.get(field) or "unknown") for field in CONDITIONS]
-    return [f"{field} ({mine} vs {theirs})" for field, mine, theirs in values if mine != theirs]
+    differ = [f"{field} ({mine} vs {theirs})" for field, mine, theirs in values if mine != theirs]
+    size = size_mismatch(row, partner, size_tolerance) if size_tolerance is not None else ""
+    return differ + ([size] if size else [])
 
 
-def paired_by_condition(arm_rows: Sequence[Row], base_rows: Sequence[Row],
-                        baseline_arm: str) -> tuple[list[Row], list[Row], str]:
-    """The arm's and the baseline's rows less the seeds whose runs differ in a condition (`CONDITIONS`),
-    and a one-line warning naming the fields ("" when every seed pairs). A seed is set aside on both sides:
-    its difference would mix the arm's effect with the device's, the precision's or the draws'."""
+def paired_by_condition(arm_rows: Sequence[Row], base_rows: Sequence[Row], baseline_arm: str,
+                        size_tolerance: float | None = SIZE_TOLERANCE) -> tuple[list[Row], list[Row], str]:
+    """The arm's and the baseline's rows less the seeds whose runs differ in a condition (`CONDITIONS`) or in
+    size (`size_mismatch`), and a one-line warning naming the fields ("" when every seed pairs). A seed is set
+    aside on both sides: its difference would mix the arm's effect with the device's, the precision's, the
+    draws' or the extra capacity's. With `size_tolerance` None, sizes that differ still pair, and the warning
+    says so."""
     base_by_seed = {row["seed"]: row for row in base_rows}
-    differ = {row["seed"]: condition_mismatch(row, base_by_seed[row["seed"]]) for row in arm_rows
-              if row["seed"] in base_by_seed}
+    partners = [(row, base_by_seed[row["seed"]]) for row in arm_rows if row["seed"] in base_by_seed]
+    differ = {row["seed"]: condition_mismatch(row, partner, size_tolerance) for row, partner in partners}
     left_out = sorted(seed for seed, fields in differ.items() if fields)
     if not left_out:
-        return list(arm_rows), list(base_rows), ""
+        sizes = dict.fromkeys(size for row, partner in partners if (size := size_mismatch(row, partner)))
+        allowed = f"compared with {baseline_arm} although {', '.join(sizes)} (--allow-size-mismatch)"
+        return list(arm_rows), list(base_rows), allowed if sizes and size_tolerance is None else ""
     fields = ", ".join(dict.fromkeys(field for seed in left_out for field in differ[seed]))
-    warning = f"not paired with {baseline_arm} on seed(s) {_seeds(left_out)}: {fields} differ"
+    hint = " (--allow-size-mismatch compares them)" if any("params (" in f for s in left_out for f in differ[s]) else ""
+    warning = f"not paired with {baseline_arm} on seed(s) {_seeds(left_out)}: {fields} differ{hint}"
     return ([row for row in arm_rows if row["seed"] not in left_out],
             [row for row in base_rows if row["seed"] not in left_out], warning)
 
@@ -114,13 +138,14 @@ class Summary:
 
 
 def summarize(rows: Sequence[Row], baseline_arm: str = "mask0", metrics: Sequence[str] = CO_PRIMARY,
-              level: float = 0.95) -> list[Summary]:
+              level: float = 0.95, size_tolerance: float | None = SIZE_TOLERANCE) -> list[Summary]:
     """Group measured rows by (dataset, model, batch size, budget) and summarise each arm at each point.
 
     Per arm and point: seeds, mean ± CI of every metric, mean GPU-hours and train FLOPs. Per arm (at its
     final point), against the baseline, on each of `metrics` the rows measure: the `Comparison` (paired by
     seed when the seeds pair, with per-seed compute-to-target ratios at each baseline horizon; Welch's
-    otherwise, saying why); a group without FID says so in its notes. A point evaluated twice (same run_id
+    otherwise, saying why; an arm whose size differs from the baseline's beyond `size_tolerance` is not
+    compared unless it is None); a group without FID says so in its notes. A point evaluated twice (same run_id
     and point) counts once, the later row winning. Reference rows follow, one record each.
     """
     known = compared_metrics()
@@ -129,7 +154,7 @@ def summarize(rows: Sequence[Row], baseline_arm: str = "mask0", metrics: Sequenc
         raise ValueError(f"unknown metric(s) {unknown or 'none given'}; choose from {', '.join(known)}")
     summary: list[Summary] = []
     for rows_of_group in measured_groups(rows).values():
-        summary.extend(_summarize_group(rows_of_group, baseline_arm, tuple(metrics), level))
+        summary.extend(_summarize_group(rows_of_group, baseline_arm, tuple(metrics), level, size_tolerance))
     summary.extend(_reference(row) for row in rows if row["source"])
     return summary
 
@@ -153,7 +178,20 @@ def source_family(row: Row) -> str:
     return source.rsplit("-", 2)[0] if source else ""
 
 
-def _summarize_group(rows: list[Row], baseline_arm: str, metrics: tuple[str, ...], level: float) -> list[Summary]:
+def encoder_cost(arm: str, rows: Sequence[Row]) -> str:
+    """A note for an arm that aligns to a pretrained encoder: what training that encoder cost, apart from the
+    budget (train_flops counts the encoder's forward passes in the run, not its own training), as papers report
+    it; "" for arms without one."""
+    spent = {row["encoder_flops"] for row in rows if row.get("encoder_flops")}
+    if not spent:
+        return ""
+    budget = rows[0]["budget_flops"]
+    shares = ", ".join(f"{flops:.3g} FLOPs ({flops / budget:.0%} of the budget)" for flops in sorted(spent))
+    return f"{arm}: its frozen encoder's pretraining cost {shares}, not counted in train_flops"
+
+
+def _summarize_group(rows: list[Row], baseline_arm: str, metrics: tuple[str, ...], level: float,
+                     size_tolerance: float | None) -> list[Summary]:
     """Records of one (dataset, model, budget) group, the baseline arm first."""
     notes = []
     if "fid" in metrics and all(row["fid"] is None for row in rows):
@@ -166,13 +204,16 @@ def _summarize_group(rows: list[Row], baseline_arm: str, metrics: tuple[str, ...
     features = _fid_features(rows)
     curves = {arm: [_point(points[p], features, level, tuple(notes)) for p in sorted(points)]
               for arm, points in arms.items()}
+    for arm, curve in curves.items():
+        if cost := encoder_cost(arm, [row for runs in arms[arm].values() for row in runs]):
+            curve[-1].notes += (cost,)
     if baseline_arm in arms:
         for arm, curve in curves.items():
             if arm == baseline_arm:  # no test of the baseline against itself
                 continue
             final_runs, base_runs, warning = paired_by_condition(arms[arm][max(arms[arm])],
                                                                  arms[baseline_arm][max(arms[baseline_arm])],
-                                                                 baseline_arm)
+                                                                 baseline_arm, size_tolerance)
             found = {metric: _comparison(final_runs, base_runs, rows, metric, baseline_arm, level)
                      for metric in metrics}
             curve[-1].comparisons = {metric: c for metric, c in found.items() if c is not None}
@@ -199,20 +240,52 @@ def _comparison(final_runs: list[Row], base_runs: list[Row], rows: list[Row], me
     if repeated or unpaired:
         why = (f"seed(s) {_seeds(repeated)} appear in more than one run of an arm" if repeated else
                f"seed(s) {_seeds(unpaired)} have no {baseline_arm} partner")
-        difference = welch_difference(_values(arm_final, metric), _values(base_final, metric), lower, level,
-                                      arm_se=sampling_ses(arm_final, metric),
-                                      base_se=sampling_ses(base_final, metric))
+        difference = detected_difference(welch_difference(
+            _values(arm_final, metric), _values(base_final, metric), lower, level,
+            arm_se=sampling_ses(arm_final, metric), base_se=sampling_ses(base_final, metric)))
         return Comparison(metric, difference, note=f"unpaired (Welch): {why}", baseline=baseline_arm)
     seeds = sorted(by_seed["arm"])
     arm_rows = [by_seed["arm"][seed][0] for seed in seeds]
     base_rows = [by_seed["base"][seed][0] for seed in seeds]
-    difference = paired_difference(_values(arm_rows, metric), _values(base_rows, metric), lower, level,
-                                   arm_se=sampling_ses(arm_rows, metric), base_se=sampling_ses(base_rows, metric))
+    difference = detected_difference(paired_difference(
+        _values(arm_rows, metric), _values(base_rows, metric), lower, level,
+        arm_se=sampling_ses(arm_rows, metric), base_se=sampling_ses(base_rows, metric)))
     runs = defaultdict(list)
     for row in rows:
         runs[row["run_id"]].append(row)
     pairs = [(runs[a["run_id"]], runs[b["run_id"]]) for a, b in zip(arm_rows, base_rows)]
     return Comparison(metric, difference, _targets(pairs, metric, level), tuple(seeds), baseline=baseline_arm)
+
+
+def gap_in_ses(difference: Difference) -> float:
+    """|Δ| in combined sampling errors: over the SE of Δ that the rows' own sampling errors imply
+    (`Difference.eval_se`); NaN where the rows carry none."""
+    se = difference.eval_se
+    return abs(difference.mean) / se if se > 0 else math.nan
+
+
+def gap_detected(difference: Difference) -> bool:
+    """|Δ| at least DETECTED_SES combined sampling errors (True where the rows carry none)."""
+    return math.isnan(difference.eval_se) or abs(difference.mean) >= DETECTED_SES * difference.eval_se
+
+
+def detected_difference(difference: Difference) -> Difference:
+    """What the gap itself allows, beside the test. A better / worse verdict that rests on a gap under
+    DETECTED_SES combined sampling errors (the SE of Δ the rows' own sampling errors imply,
+    `Difference.eval_se`) reads "not detected", the test's word kept after it; a difference with no test (one
+    run a side) says how many combined sampling errors its gap is: "not detected" under DETECTED_SES, over it
+    "detected against eval noise", which says nothing of how another seed would land. Unchanged without
+    sampling errors, and when already read."""
+    word, ses = difference.verdict, gap_in_ses(difference)
+    if math.isnan(ses) or "combined sampling errors" in word:
+        return difference
+    if word in ("better", "worse") and ses < DETECTED_SES:
+        word = (f"not detected: |Δ| {abs(difference.mean):.3g} is under {DETECTED_SES:g} combined sampling errors "
+                f"({DETECTED_SES * difference.eval_se:.3g}); the test alone: {word}")
+    elif math.isnan(difference.lo):
+        word += (f"; |Δ| is {ses:.2f} combined sampling errors: " +
+                 ("not detected" if ses < DETECTED_SES else "detected against eval noise, not against seed noise"))
+    return replace(difference, verdict=word)
 
 
 def _targets(pairs: list[tuple[list[Row], list[Row]]], metric: str, level: float) -> tuple[Target, ...]:
@@ -226,13 +299,14 @@ def _targets(pairs: list[tuple[list[Row], list[Row]]], metric: str, level: float
         earlier = targets[-1] if targets else None
         if earlier and earlier.values == values:
             first = earlier.point if earlier.repeats is None else earlier.repeats
-            targets.append(Target(point, earlier.value, earlier.ratios, values, first))
+            targets.append(Target(point, earlier.value, earlier.ratios, values, first, earlier.pooled))
             continue
-        ratios = {}
+        ratios, pooled = {}, {}
         for x in COMPUTE:
             readings = [seed_ratio(arm, base, metric, x, value) for (arm, base), value in zip(pairs, values)]
             ratios[x] = ratio_summary([r for r, _ in readings], level, [bound for _, bound in readings])
-        targets.append(Target(point, float(np.mean(values)), ratios, values))
+            pooled[x] = sum(seed_pooled(arm, metric, x, value) for (arm, _), value in zip(pairs, values))
+        targets.append(Target(point, float(np.mean(values)), ratios, values, pooled=pooled))
     return tuple(targets)
 
 

@@ -26,7 +26,7 @@ FORMATS = ("table", "markdown", "csv")
 # only where its features say inception (on synth it is the oracle's Fréchet distance); FD_NOTE says so.
 TABLE_HEAD = ("dataset", "model", "batch", "budget", "arm", "point", "n")
 TABLE_TAIL = ("GPU-h", "ref")
-RATIO_PARTS = ("bound", "geomean", "lo", "hi", "p", "p_adj", "not_reached")
+RATIO_PARTS = ("bound", "geomean", "lo", "hi", "p", "p_adj", "not_reached", "pooled")
 CSV_HEADER = ("dataset", "model", "batch_size", "budget_flops", "started_from", "arm", "point", "n",
               *(f"{m}{suffix}" for m in compared_metrics() for suffix in ("", "_ci")), "eval_only",
               "train_flops", "gpu_hours", "fid_features")
@@ -48,7 +48,10 @@ COMPARISON_NOTE = (
     "weights, data order and evaluation noise, so Δ is the mean of per-seed differences with the paired "
     "t-interval; welch: the seeds do not pair, Δ is the difference of means with Welch's interval. verdict: "
     "better / worse only when the whole {pct} t-interval lies on one side of 0 (lower is better for FD and val "
-    "loss, higher for CLIP and align) and p adj < {alpha:g}; inconclusive when every seed differs by the same "
+    "loss, higher for CLIP and align) and p adj < {alpha:g}, and |Δ| is at least {ses:g} combined sampling errors "
+    "where the rows carry them (the SE of Δ their own sampling errors imply; a smaller gap is 'not detected', the "
+    "test's word after it; one run a side: no test, the gap in combined sampling errors only); inconclusive when "
+    "every seed differs by the same "
     "amount (zero spread: no p, no test counted); otherwise no difference detected, and MDE is the "
     "smallest effect these runs detect with 80% power at two-sided {alpha:g}, (t + t_0.80)·SE, SE the larger of "
     "the seeds' and the eval noise's. p adj: p after the plan's correction ({method}). eval/seed SE: the SE of Δ "
@@ -76,6 +79,14 @@ TARGETS_REPORTED_NOTE = (
     "a lower bound (k/n not reached). Reported with their intervals, not tested: the plan reads \"pays\" off the "
     "compute multiplier M(B) and the difference at B (the verdict below), so these ratios carry no p adj and no "
     "verdict.")
+
+
+POOLED = "pooled over a"
+POOLED_NOTE = (
+    "pooled over a rising curve (k/n): on k of the n seeds the arm's run reaches the target only at a point its "
+    "monotone fit pooled over a stretch where the measured curve rose (fell, where higher is better): the ratio "
+    "rests on a value the run did not keep, so read it as a flag, not a saving; the run's own last values say "
+    "where it ended.")
 
 
 SCALING_TITLE = ("Compute curves: per seed, each arm's L(C) = E + A·(C/B)^−α against training FLOPs C, the floor E "
@@ -129,10 +140,14 @@ def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPL
              [_target_cells(r, point, metrics, family) for r in compared for point in _horizons(r)]),
         ]
         lines_of_disagreement = _disagreements(compared, metrics, family)
-        notes.append(COMPARISON_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, method=family.method))
+        notes.append(COMPARISON_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, method=family.method,
+                                            ses=DETECTED_SES))
         notes.append(TARGETS_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, axis=COMPUTE[family.compute],
                                          pays=_pays_rule(family)) if tested else
                      TARGETS_REPORTED_NOTE.format(baseline=baseline, pct=pct))
+        if any(t.pooled.get(axis) for r in compared for c in r.comparisons.values() for t in c.targets
+               for axis in COMPUTE):
+            notes.append(POOLED_NOTE)
     if fmt == "markdown":
         return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
     return "\n".join(_layout(tables, fmt) + lines_of_disagreement + ([""] if lines_of_disagreement else []) + notes)
@@ -398,7 +413,7 @@ def _target_cells(record: Summary, point: float, metrics: Sequence[str], family:
         tests = [_g(_finite(planned.p_adj) if planned else None), ratio_verdict(planned, family.alpha)] if t else ["", ""]
         cells += ["", "", ""] if t is None else [
             f"{t.value:.4g}" + ("" if t.repeats is None else f" (= {t.repeats:g})"),
-            _ratio(t.ratios["train_flops"]), _ratio(t.ratios["gpu_hours"])]
+            *(_ratio(t.ratios[axis]) + pooled_mark(t, axis, metric) for axis in ("train_flops", "gpu_hours"))]
         cells += tests if family.tests_ratios else []
     if not family.tests_ratios:
         return [*cells, "reported, not tested"]
@@ -428,6 +443,16 @@ def _disagreements(compared: Sequence[Summary], metrics: Sequence[str], family: 
         lines += [f"{where} {at}: " + ", ".join(f"{get_metric(m).label} {v.split(';')[0]}" for m, v in verdicts.items())
                   for at, verdicts in readings if agreement(list(verdicts.values())) == "disagree"]
     return lines
+
+
+def pooled_mark(target: Target, axis: str, metric: str) -> str:
+    """' (pooled over a rising curve: k/n)' when k of the n seeds' arm runs reach the target only at a point
+    their monotone fit pooled over a stretch where the run went the wrong way (`targets.seed_pooled`; "falling"
+    for a metric where higher is better); "" otherwise."""
+    ratio, k = target.ratios.get(axis), target.pooled.get(axis, 0)
+    if not k or ratio is None:
+        return ""
+    return f" ({POOLED} {'rising' if get_metric(metric).lower_is_better else 'falling'} curve: {k}/{ratio.n})"
 
 
 def _ratio(ratio: Ratio | None) -> str:
@@ -539,7 +564,7 @@ def _csv_metric(record: Summary, final: Summary | None, metric: str, family: Fam
     if t is None:
         return (*difference, *(None,) * (3 + 2 * len(RATIO_PARTS)))
     ratios = [x for axis in COMPUTE for r in [t.ratios[axis]]  # p adj only where the family tests the ratio
-              for x in ((r.bound, r.geomean, r.lo, r.hi, r.p, r.p_adj if family.tests_ratios else None, r.not_reached)
-                        if r else (None,) * len(RATIO_PARTS))]
+              for x in ((r.bound, r.geomean, r.lo, r.hi, r.p, r.p_adj if family.tests_ratios else None, r.not_reached,
+                         t.pooled.get(axis, 0)) if r else (None,) * len(RATIO_PARTS))]
     verdict_ = ratio_verdict(t.ratios[family.compute], family.alpha) if family.tests_ratios else "not tested"
     return (*difference, t.value, t.repeats, *ratios, verdict_)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.optimize
@@ -61,13 +61,48 @@ def compute_to_target(points: Sequence[tuple[float, float]], target: float,
         return None
     xs, fit = monotone_fit(points, higher_is_better, weights)
     gaps = (fit - target) * (-1.0 if higher_is_better else 1.0)  # > 0: not there yet; non-increasing
-    reached = np.flatnonzero(gaps <= 0)
-    if reached.size == 0:
+    i = _first_reached(gaps)
+    if i is None:
         return None
-    i = int(reached[0])
     if i == 0:
         return float(xs[0])
     return float(xs[i - 1] + gaps[i - 1] / (gaps[i - 1] - gaps[i]) * (xs[i] - xs[i - 1]))
+
+
+def _first_reached(gaps: np.ndarray) -> int | None:
+    """The index of the first fitted point at or past the target (gap <= 0), None when none is."""
+    reached = np.flatnonzero(gaps <= 0)
+    return int(reached[0]) if reached.size else None
+
+
+def reached_on_pooled(points: Sequence[tuple[float, float]], target: float, higher_is_better: bool = False,
+                      weights: Weights = None) -> bool:
+    """Whether a curve's monotone fit reaches `target` at a fitted point that pools measured points across which
+    the raw curve went the wrong way (rose, for a metric where lower is better).
+
+    The fit (`monotone_fit`) replaces a stretch that goes back up by its weighted mean, so a run whose value fell
+    below the target and then rose again reaches it on the fit at the mean of the stretch: the reading rests on
+    a point the run moved away from (TREAD's FD on the literature study: 9,277, then 10,419 at the end, pooled to
+    reach `mask0`'s 10,635 with 0.74 of its FLOPs). False when the target is not reached, or is reached at a
+    point the fit left as measured.
+    """
+    if not points:
+        return False
+    xs, ys = (np.asarray(column, dtype=float) for column in zip(*points))
+    raw = ys[np.lexsort((ys, xs))]
+    _, fit = monotone_fit(points, higher_is_better, weights)
+    i = _first_reached((fit - target) * (-1.0 if higher_is_better else 1.0))
+    if i is None:
+        return False
+    block = np.isclose(fit, fit[i], rtol=1e-12, atol=0.0)  # the fitted level the target is reached at ...
+    start = i
+    while start > 0 and block[start - 1]:
+        start -= 1
+    stop = i
+    while stop + 1 < fit.size and block[stop + 1]:
+        stop += 1
+    stretch = raw[start:stop + 1]  # ... and the measured points it pools
+    return bool(stretch.size > 1 and not np.allclose(stretch, stretch[0], rtol=1e-12, atol=0.0))
 
 
 def run_curve(run: Sequence[Row], metric: str, x_field: str) -> tuple[list[tuple[float, float]], Weights]:
@@ -105,6 +140,14 @@ def seed_ratio(arm_run: Sequence[Row], base_run: Sequence[Row], metric: str, x_f
     return arm / base, "<=" if arm == min(x for x, _ in arm_curve) else ""
 
 
+def seed_pooled(arm_run: Sequence[Row], metric: str, x_field: str, target: float) -> bool:
+    """Whether one seed's arm run reaches the target on its monotone fit only at a point that pools a stretch
+    where its raw curve went the wrong way (`reached_on_pooled`): its ratio rests on a value the run did not
+    keep."""
+    curve, weights = run_curve(arm_run, metric, x_field)
+    return reached_on_pooled(curve, target, not get_metric(metric).lower_is_better, weights)
+
+
 @dataclass(frozen=True)
 class Target:
     """Compute-to-target at one horizon (eval point) of the baseline, on each compute axis.
@@ -114,10 +157,14 @@ class Target:
     the compute the baseline's needs (`seed_ratio`); `value` is the mean of the per-seed targets, `values`
     the per-seed ones. Where the baseline's curve goes back up, its fit pools horizons into one level:
     when that makes every seed's target here the same as at an earlier horizon, the ratios here are that
-    horizon's too, one test and not two, and `repeats` names it (None otherwise).
+    horizon's too, one test and not two, and `repeats` names it (None otherwise). `pooled` counts, per
+    compute axis, the seeds whose arm run reaches the target only at a point its fit pooled over a stretch
+    where the run went the wrong way (`seed_pooled`): a ratio that rests on them is flagged, not read as
+    measured.
     """
     point: float
     value: float
     ratios: dict[str, Ratio | None]  # by compute axis ("train_flops", "gpu_hours")
     values: tuple[float, ...] = ()
     repeats: float | None = None
+    pooled: dict[str, int] = field(default_factory=dict)  # by compute axis: seeds reached on a pooled point

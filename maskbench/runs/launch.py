@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +48,7 @@ from maskbench.results.leaderboard import METRIC_COLUMNS, append_rows, as_read
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha, precision_name
 from maskbench.train.loop import Start, Trainer, plan_run
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
+from maskbench.train.repa import encoder_pretrain_flops
 from maskbench.train.schedule import Schedule
 from maskbench.train.switch import watches_val_loss
 from maskbench.train.tracking import log_eval
@@ -59,14 +61,16 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
     """One leaderboard row: what was trained (from the config and counters) and what was measured.
 
     `device` (the GPU model, or the CPU), `precision` and `draw_scheme` say which rows may be paired: the same
-    draws give other numbers in another precision or on another kernel library's arithmetic."""
+    draws give other numbers in another precision or on another kernel library's arithmetic. `encoder_flops` is
+    what REPA's frozen encoder cost to train, apart from the budget as papers report it (empty: not known)."""
+    encoder = encoder_pretrain_flops(cfg, data)
     return {
         "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data_label(cfg.data),
         "model": cfg.model.name, "params": params, "resolution": data.image_size,
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device, "precision": precision,
-        "draw_scheme": draw_scheme,
+        "draw_scheme": draw_scheme, "encoder_flops": encoder if math.isfinite(encoder) else None,  # NaN: unknown
         "n_devices": n_devices, "mfu": mfu,
         "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
         **{column: result.get(column) for column in METRIC_COLUMNS},  # every metric and its sampling error

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 
 from maskbench.models.dit import TIMESTEP_FREQ_DIM, long_skip_pairs
 from maskbench.models.masking import keep_count
-from maskbench.models.presets import LEARNED_SKIP_SCALES, SKIP_GATE_REDUCTION, LongSkipKind, ModelConfig, route_span
+from maskbench.models.presets import (
+    LEARNED_SKIP_SCALES,
+    SKIP_GATE_REDUCTION,
+    LongSkipKind,
+    ModelConfig,
+    decoder_width,
+    maskdit_decoder,
+    route_span,
+)
 from maskbench.models.text import MLP_RATIO as TEXT_MLP_RATIO
 
 
@@ -43,12 +51,15 @@ class _Counter:
         return self.linear(rows, width, hidden) + self.linear(rows, hidden, width)
 
 
-def _dit_block(n: _Counter, batch: int, tokens: int, context_len: int, width: int, hidden: int) -> int:
-    rows = batch * tokens
-    adaln = n.linear(batch, width, 9 * width)
+def _dit_block(n: _Counter, batch: int, tokens: int, context_len: int, width: int, hidden: int,
+               cond_width: int | None = None) -> int:
+    """One DiTBlock; cond_width: the condition's and text tokens' width where it is not the block's (MaskDiT's
+    narrow decoder blocks read the model-width ones: adaLN and the cross-attention's k, v project from it)."""
+    rows, cond = batch * tokens, cond_width or width
+    adaln = n.linear(batch, cond, 9 * width)
     self_attn = (n.linear(rows, width, 3 * width) + n.attention(batch, tokens, tokens, width)
                  + n.linear(rows, width, width))
-    cross_attn = (n.linear(rows, width, width) + n.linear(batch * context_len, width, 2 * width)
+    cross_attn = (n.linear(rows, width, width) + n.linear(batch * context_len, cond, 2 * width)
                   + n.attention(batch, tokens, context_len, width) + n.linear(rows, width, width))
     return adaln + self_attn + cross_attn + n.transformer_mlp(rows, width, hidden)
 
@@ -80,6 +91,18 @@ def _backbone(n: _Counter, cfg: ModelConfig, batch: int, kept: int, context_len:
             + spanned * _dit_block(n, batch, keep_count(kept, route_ratio), context_len, cfg.width, hidden))
 
 
+def _decoder(n: _Counter, cfg: ModelConfig, batch: int, seq_len: int, kept: int, context_len: int) -> int:
+    """The decoder blocks on all L tokens; for MaskDiT's decoder also its DecoderLayer (adaLN from the condition,
+    Linear width -> decoder width on the K kept tokens: Anima-Lab/MaskDiT models/maskdit.py 195-213, 538) and
+    blocks at the decoder width on the model-width condition (319-321). The refill and positions are free."""
+    width, dec_width = cfg.width, decoder_width(cfg)
+    blocks = cfg.decoder_depth * _dit_block(n, batch, seq_len, context_len, dec_width, int(dec_width * cfg.mlp_ratio),
+                                            cond_width=width)
+    if not maskdit_decoder(cfg):
+        return blocks
+    return blocks + n.linear(batch, width, 2 * width) + n.linear(batch * kept, width, dec_width)
+
+
 def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
                  context_len: int, batch: int, mask_ratio: float, text_encoder: bool, route_ratio: float = 0.0) -> int:
     p, width = cfg.patch_size, cfg.width
@@ -93,13 +116,14 @@ def _model_flops(n: _Counter, cfg: ModelConfig, image_size: int, in_channels: in
     patch_embed = n.linear(batch * seq_len, in_channels * p * p, width, input_grad=False)
     blocks = (cfg.mixer_depth * _dit_block(n, batch, seq_len, context_len, width, hidden)
               + _backbone(n, cfg, batch, kept, context_len, route_ratio)
-              + cfg.decoder_depth * _dit_block(n, batch, seq_len, context_len, width, hidden))
+              + _decoder(n, cfg, batch, seq_len, kept, context_len))
     if cfg.long_skip != LongSkipKind.none:
         blocks += len(long_skip_pairs(cfg.depth)) * _long_skip(n, cfg, batch, seq_len, kept)
     if cfg.sparse_fusion:  # SPRINT's Linear(cat[deep, dense]) on every token (the refill and path drop are free)
         blocks += n.linear(batch * seq_len, 2 * width, width)
     predicted = seq_len if cfg.decoder_depth else kept  # a decoder predicts every token
-    final = n.linear(batch, width, 2 * width) + n.linear(batch * predicted, width, p * p * in_channels)
+    out_width = decoder_width(cfg)                       # the final layer reads the decoder's tokens
+    final = n.linear(batch, width, 2 * out_width) + n.linear(batch * predicted, out_width, p * p * in_channels)
     return text + conditioning + patch_embed + blocks + final
 
 
@@ -109,6 +133,14 @@ def train_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, contex
     step routes `model.route_ratio` of the backbone's tokens around its span; a sampling step never does)."""
     return _model_flops(_Counter(train=True), cfg, image_size, in_channels, context_dim, context_len,
                         batch, mask_ratio, text_encoder, cfg.route_ratio)
+
+
+def decoder_step_flops(cfg: ModelConfig, image_size: int, context_len: int, batch: int, mask_ratio: float) -> int:
+    """Forward + backward FLOPs of the decoder alone in a training step at this mask ratio (MaskDiT's DecoderLayer
+    and decoder blocks, or SPRINT's decoder blocks; the final layer and SPRINT's fusion are not counted): its
+    share of `train_step_flops` is what the decoder costs a masked step."""
+    seq_len = (image_size // cfg.patch_size) ** 2
+    return _decoder(_Counter(train=True), cfg, batch, seq_len, keep_count(seq_len, mask_ratio), context_len)
 
 
 def skips_only_step_flops(cfg: ModelConfig, image_size: int, in_channels: int, context_dim: int,
@@ -166,5 +198,6 @@ def repa_step_flops(cfg: ModelConfig, image_size: int, batch: int, mask_ratio: f
     seq_len = (image_size // cfg.patch_size) ** 2
     sparse = cfg.mixer_depth < depth <= cfg.mixer_depth + cfg.depth
     rows = batch * (keep_count(seq_len, mask_ratio) if sparse else seq_len)
-    projector = n.linear(rows, cfg.width, hidden) + n.linear(rows, hidden, hidden) + n.linear(rows, hidden, z_dim)
+    width = decoder_width(cfg) if depth > cfg.mixer_depth + cfg.depth else cfg.width  # a MaskDiT decoder's is narrower
+    projector = n.linear(rows, width, hidden) + n.linear(rows, hidden, hidden) + n.linear(rows, hidden, z_dim)
     return projector + batch * encoder_forward

@@ -20,11 +20,16 @@ projector's hidden width keeps the authors' ratio to the model width, 2048 : 115
 
 The encoder: on real pixel data timm's DINOv2-B from a local file (the authors' default); latent shards carry no
 pixels and decoding every batch with the VAE would cost more than the DiT's step, so REPA refuses them. On the
-embedded synth data, `repa-synth-v1`: a small CNN shipped in maskbench/assets, trained by `train_synth_encoder`
-(seed 1, scenes of its own) to read each 4×4-pixel patch's cell contents. It is not the evaluation oracle
-(`oracle-synth-v1`): aligning to the network whose features measure FD would game the metric.
+embedded synth data, `repa-synth-v2`: a small CNN shipped in maskbench/assets, pretrained self-supervised, as
+DINOv2 is, on synth pixels only (`train/repa_pretrain.py`: dense InfoNCE between two views of each image; no scene,
+caption or label, nothing of the evaluation). It is not the evaluation oracle (`oracle-synth-v1`), and it never saw
+the attributes that oracle reads: aligning to a network trained on the metric's labels would game the metric.
 
-    python -m maskbench.eval.repa_encoder --train   # re-train and rewrite the shipped synth encoder
+`train.repa_encoder=random` is the control: a frozen, randomly initialised encoder of the same architecture
+(`init_synth_encoder(RANDOM_SEED)`, on real pixels a random DINOv2-B), so that a gain from aligning to learnt
+features reads against one from an extra loss alone. `encoder_pretrain_flops` is what each encoder cost to train.
+
+    python -m maskbench.train.repa_pretrain --train   # re-train and rewrite the shipped synth encoder
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
-from maskbench.models.presets import ModelConfig
+from maskbench.models.presets import ModelConfig, decoder_width
 from maskbench.train import flops
 from maskbench.weights import REGISTRY, weights_folder
 
@@ -53,8 +58,12 @@ AUTHORS_WEIGHT = 0.5                       # train.py 436: proj_coeff
 AUTHORS_DEPTH, AUTHORS_BLOCKS = 8, 28      # train.py 400: encoder_depth, for SiT-XL/2's 28 blocks
 AUTHORS_HIDDEN, AUTHORS_WIDTH = 2048, 1152  # models/sit.py 180: projector_dim, for SiT-XL/2's width
 
-SYNTH_ENCODER = "repa-synth-v1"
-SYNTH_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "repa_synth_v1.safetensors"
+SYNTH_ENCODER = "repa-synth-v2"
+SYNTH_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "repa_synth_v2.safetensors"
+SYNTH_RETRAIN = "python -m maskbench.train.repa_pretrain --train"
+RANDOM = "random"                # train.repa_encoder's control: a frozen, randomly initialised encoder
+RANDOM_DINOV2 = "random-dinov2"  # what RANDOM means on real pixels: DINOv2-B's architecture, random weights
+RANDOM_SEED = 1                  # its init: the synth encoder's own before pretraining (repa_pretrain's seed 1)
 SYNTH_SIZE = 32  # the side the synth encoder reads (its 8×8 map: one feature per 4×4-pixel patch)
 # (in, out, kernel, stride) of the synth encoder's convolutions: 32×32 -> 8×8, a 32-pixel receptive field (a
 # patch anywhere in a 16-pixel cell sees all of it); ~23 MFLOPs a 32-pixel image, ~5% of a micro_s training step's per sample.
@@ -78,6 +87,11 @@ def default_depth(cfg: ModelConfig) -> int:
 def aligned_depth(cfg: RunConfig) -> int:
     """train.repa_depth, or the scaled default: the aligned block, counted from 1 over `block_count`'s order."""
     return cfg.train.repa_depth or default_depth(cfg.model)
+
+
+def aligned_width(cfg: ModelConfig, depth: int) -> int:
+    """The width of block `depth`'s tokens, the projector's input: the model's, or a MaskDiT decoder's narrower one."""
+    return decoder_width(cfg) if depth > cfg.mixer_depth + cfg.depth else cfg.width
 
 
 def projector_hidden(width: int) -> int:
@@ -114,9 +128,8 @@ def repa_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 class SynthEncoder(nn.Module):
     """A small conv trunk: B×3×32×32 in [-1, 1] -> B×64×8×8, a feature for each 4×4-pixel patch.
 
-    Trained (`train_synth_encoder`) so that a linear read of each patch's feature gives the shape (or emptiness),
-    colour and size of the object in the patch's cell: the scene's content, what the caption says, which a
-    denoiser's token must know to place the right object in its cell."""
+    Pretrained without labels (`train/repa_pretrain.py`) so that each patch's feature tells what surrounds its
+    place in the image apart from every other place and image, whatever the view's shift, brightness and noise."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -144,17 +157,17 @@ class SynthEncoder(nn.Module):
 
 
 class DinoV2Encoder(nn.Module):
-    """timm's DINOv2-B from a local weights file, built for an input of 14·grid pixels so that its patch tokens
-    sit on the DiT's token grid (the authors' 224 px for a 16×16 latent grid).
-    B×3×H×W in [-1, 1] -> B×768×h×w."""
+    """timm's DINOv2-B from a local weights file (None: timm's random init, the control), built for an input of
+    14·grid pixels so that its patch tokens sit on the DiT's token grid (the authors' 224 px for a 16×16 latent
+    grid). B×3×H×W in [-1, 1] -> B×768×h×w."""
 
-    def __init__(self, weights: str, grid: tuple[int, int]) -> None:
+    def __init__(self, weights: str | None, grid: tuple[int, int]) -> None:
         super().__init__()
         import timm
 
         self.size = (DINOV2_PATCH * grid[0], DINOV2_PATCH * grid[1])
-        self.model = timm.create_model(DINOV2_MODEL, pretrained=True, pretrained_cfg_overlay={"file": weights},
-                                       num_classes=0, img_size=self.size)
+        loaded = {"pretrained": True, "pretrained_cfg_overlay": {"file": weights}} if weights else {}
+        self.model = timm.create_model(DINOV2_MODEL, num_classes=0, img_size=self.size, **loaded)
         config = self.model.pretrained_cfg
         self.register_buffer("mean", torch.tensor(config["mean"]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(config["std"]).view(1, 3, 1, 1), persistent=False)
@@ -173,16 +186,34 @@ class DinoV2Encoder(nn.Module):
                                        DINOV2_MLP)
 
 
+def init_synth_encoder(seed: int) -> SynthEncoder:
+    """A SynthEncoder at PyTorch's default init drawn from `seed`; the global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SynthEncoder()
+
+
+def random_dinov2(grid: tuple[int, int], seed: int = RANDOM_SEED) -> DinoV2Encoder:
+    """DINOv2-B's architecture at timm's init drawn from `seed`, no weights file; the global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return DinoV2Encoder(None, grid)
+
+
 def frozen(encoder: nn.Module) -> nn.Module:
     """The encoder in eval mode with no parameter requiring a gradient: nothing in it ever trains."""
     return encoder.eval().requires_grad_(False)
 
 
 def encoder_choice(cfg: RunConfig, data: DatasetInfo) -> str:
-    """"synth" or the DINOv2-B weights file REPA aligns to on this data; refuses latent data (ConfigError)."""
+    """"synth", RANDOM (the synth architecture, random), RANDOM_DINOV2 or the DINOv2-B weights file REPA aligns to
+    on this data; refuses latent data (ConfigError). train.repa_encoder=random is RANDOM on synth data, RANDOM_DINOV2
+    on real pixels (the control of the encoder the default would load there)."""
     if data.latent:
         raise ConfigError("train.repa_weight: REPA's encoder reads pixels and latent shards carry none (decoding each "
                           "batch with the VAE would cost more than the DiT step): train REPA on pixel data")
+    if cfg.train.repa_encoder == RANDOM:
+        return RANDOM if data.synthetic else RANDOM_DINOV2
     if cfg.train.repa_encoder is not None:
         return cfg.train.repa_encoder
     if data.synthetic:
@@ -198,18 +229,26 @@ def load_encoder(choice: str, grid: tuple[int, int]) -> nn.Module:
     """The frozen encoder `encoder_choice` names."""
     if choice == "synth":
         return frozen(load_synth_encoder())
+    if choice == RANDOM:
+        return frozen(init_synth_encoder(RANDOM_SEED))
+    if choice == RANDOM_DINOV2:
+        return frozen(random_dinov2(grid))
     if not Path(choice).is_file():
         raise ConfigError(f"train.repa_encoder: no DINOv2 weights file at {choice} (timm's {DINOV2_MODEL})")
     return frozen(DinoV2Encoder(choice, grid))
 
 
+def synth_architecture(choice: str) -> bool:
+    return choice in ("synth", RANDOM)
+
+
 def encoder_dim(choice: str) -> int:
-    return SYNTH_LAYERS[-1][1] if choice == "synth" else DINOV2_WIDTH
+    return SYNTH_LAYERS[-1][1] if synth_architecture(choice) else DINOV2_WIDTH
 
 
 def encoder_flops(choice: str, grid: tuple[int, int]) -> int:
     """Forward FLOPs of the encoder on one image."""
-    return SynthEncoder.forward_flops(1) if choice == "synth" else DinoV2Encoder.forward_flops(1, grid)
+    return SynthEncoder.forward_flops(1) if synth_architecture(choice) else DinoV2Encoder.forward_flops(1, grid)
 
 
 # ------------------------------------------------------------------------------------------- alignment
@@ -223,7 +262,8 @@ class Repa(nn.Module):
     def __init__(self, model: DiT, depth: int, encoder: nn.Module, weight: float) -> None:
         super().__init__()
         self.depth, self.weight, self.grid = depth, weight, model.grid
-        self.projector = make_projector(model.cfg.width, projector_hidden(model.cfg.width), encoder.out_dim)
+        self.projector = make_projector(aligned_width(model.cfg, depth), projector_hidden(model.cfg.width),
+                                        encoder.out_dim)
         self.frozen = (encoder,)
         self.tokens: torch.Tensor | None = None
         # A forward hook, not a return path in the DiT: activation checkpointing and compile keep module hooks.
@@ -283,24 +323,59 @@ def repa_sample_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float) -> i
 
 
 # ------------------------------------------------------------------------------- the shipped synth encoder
-def synth_metadata(train_args: dict) -> dict[str, str]:
-    return {"encoder": SYNTH_ENCODER, "synth": json.dumps(synth.renderer_params()), "train": json.dumps(train_args),
-            "layers": json.dumps(SYNTH_LAYERS)}
+PRETRAIN_FLOPS_KEY = "pretrain_flops"
 
 
-def save_synth_encoder(encoder: SynthEncoder, path: str | Path, train_args: dict) -> None:
+def synth_metadata(train_args: dict, pretrain_flops: int | None = None) -> dict[str, str]:
+    metadata = {"encoder": SYNTH_ENCODER, "synth": json.dumps(synth.renderer_params()),
+                "train": json.dumps(train_args), "layers": json.dumps(SYNTH_LAYERS), "labels": "none"}
+    if pretrain_flops is not None:
+        metadata[PRETRAIN_FLOPS_KEY] = str(int(pretrain_flops))
+    return metadata
+
+
+def save_synth_encoder(encoder: SynthEncoder, path: str | Path, train_args: dict, pretrain_flops: int) -> None:
+    """The trunk's weights with what they depend on and what they cost (`pretrain_flops`) in the metadata."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(encoder.state_dict(), str(path), metadata=synth_metadata(train_args))
+    save_file(encoder.state_dict(), str(path), metadata=synth_metadata(train_args, pretrain_flops))
 
 
-def load_synth_encoder(path: str | Path = SYNTH_WEIGHTS) -> SynthEncoder:
-    """The shipped synth encoder; refuses weights trained for another renderer or another architecture."""
+def synth_file_metadata(path: str | Path = SYNTH_WEIGHTS) -> dict[str, str]:
+    """The shipped synth encoder's metadata; refuses weights trained for another renderer or architecture."""
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
     expected = synth_metadata({})
     if any(metadata.get(key) != expected[key] for key in ("encoder", "synth", "layers")):
-        retrain = "python -m maskbench.eval.repa_encoder --train"
-        raise ConfigError(f"{path} was trained for other synth parameters: run `{retrain}`")
+        raise ConfigError(f"{path} was trained for other synth parameters or is not {SYNTH_ENCODER}: run "
+                          f"`{SYNTH_RETRAIN}`")
+    return metadata
+
+
+def load_synth_encoder(path: str | Path = SYNTH_WEIGHTS) -> SynthEncoder:
+    """The shipped synth encoder (checked by `synth_file_metadata`)."""
+    synth_file_metadata(path)
     encoder = SynthEncoder()
     encoder.load_state_dict(load_file(str(path)))
     return encoder
+
+
+def synth_pretrain_flops(path: str | Path = SYNTH_WEIGHTS) -> float:
+    """What pretraining the synth encoder in `path` cost, from its metadata (`repa_pretrain.pretrain_flops`)."""
+    metadata = synth_file_metadata(path)
+    if PRETRAIN_FLOPS_KEY not in metadata:
+        raise ConfigError(f"{path} records no {PRETRAIN_FLOPS_KEY}: run `{SYNTH_RETRAIN}`")
+    return float(metadata[PRETRAIN_FLOPS_KEY])
+
+
+def encoder_pretrain_flops(cfg: RunConfig, data: DatasetInfo) -> float:
+    """FLOPs spent training REPA's frozen encoder before this run, not counted in its budget: 0 without REPA and
+    for the random control; the shipped synth encoder's, read from its file; NaN, unknown, for DINOv2-B (distilled
+    from a ViT-g on LVD-142M: no FLOPs count of that training is cited here, so none is made up)."""
+    if not cfg.train.repa_weight:
+        return 0.0
+    choice = encoder_choice(cfg, data)
+    if choice == "synth":
+        return synth_pretrain_flops()
+    if choice in (RANDOM, RANDOM_DINOV2):
+        return 0.0
+    return math.nan

@@ -1,0 +1,74 @@
+"""Every table of README.md and docs/*.md that reads a committed CSV is generated (`maskbench.results.doctables`):
+regenerated here from its CSVs, it must equal the committed text, so a table typed by hand or left behind by
+its rows fails."""
+
+from pathlib import Path
+
+import pytest
+
+from maskbench.results import doctables
+from maskbench.results.doctables import ROOT, TABLES, check, documents, generated, main, marked, write
+
+MARKED = [table for path in documents(ROOT) for table in marked(path)]
+
+
+@pytest.mark.parametrize("table", MARKED, ids=lambda t: f"{t.path.name}:{t.name}")
+def test_a_committed_table_is_what_its_csvs_give(table):
+    assert table.name in TABLES, f"{table.path}:{table.line}: no generated table named {table.name!r}"
+    assert table.text == generated(table.name), (
+        f"{table.path.relative_to(ROOT)}:{table.line}: table {table.name!r} is stale: run "
+        "`python -m maskbench.results.doctables --write`")
+
+
+def test_every_generated_table_is_marked_once_and_the_check_passes():
+    names = [table.name for table in MARKED]
+    assert sorted(names) == sorted(TABLES)
+    assert check(ROOT) == []
+    assert main(["--root", str(ROOT)]) == 0
+
+
+def test_the_tables_say_what_their_intervals_allow():
+    """The readings issue 35 found typed wrong: a seed that never reached the target is a lower bound, a ratio
+    read over a rising curve is flagged, a gap under 2 combined sampling errors is not detected."""
+    lsc = next(line for line in generated("tiny-literature").splitlines() if line.startswith("| `lsc_mask75_then0`"))
+    assert "> 0.69 (1 of 2 not reached)" in lsc and "> 1.10 (1 of 2 not reached)" in lsc
+    first_look = {line.split(" | ")[0]: line for line in generated("literature-first-look").splitlines()}
+    assert "0.74 (pooled over a rising curve)" in first_look["| `tread50`"]
+    assert "(0.13 SE: not detected)" in first_look["| `tread50`"]
+    assert "(1.66 SE: not detected)" in first_look["| `sprint75`"]
+    mission = generated("tiny-mission")
+    assert "| 0.54 [0.13, 2.28] | 0.67 [0.09, 4.75] |" in mission
+    design = generated("crossover-design").splitlines()[-1]
+    assert design.startswith("| 3 | 36 | 12 / 12 / 12 |") and "| 30 |" in design
+
+
+def fixture_root(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "arm_step_time.csv").write_bytes((ROOT / "results" / "arm_step_time.csv").read_bytes())
+    (tmp_path / "README.md").write_text("# a readme\n")
+    (tmp_path / "docs" / "page.md").write_text(f"# page\n\nbefore\n\n{body}\nafter\n")
+    return tmp_path
+
+
+def test_a_stale_table_fails_the_check_and_write_makes_it_current(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(doctables, "TABLES", {"arm-step-time": TABLES["arm-step-time"]})
+    root = fixture_root(tmp_path, "<!-- table: arm-step-time -->\n| arm | typed by hand |\n<!-- /table -->\n")
+    (problem,) = check(root)
+    assert "docs/page.md:5: table 'arm-step-time' differs from what results/arm_step_time.csv give" in problem
+    assert main(["--root", str(root)]) == 1 and "--write" in capsys.readouterr().err
+    assert write(root) == [root / "docs" / "page.md"]
+    text = (root / "docs" / "page.md").read_text()
+    assert text.startswith("# page\n\nbefore\n\n<!-- table: arm-step-time -->\n\n| arm | mask ratio of the step |")
+    assert text.endswith("| `sprint75` | 0 | 1,875,824 | 0.353 | 28.5 | 1.04 |\n\n<!-- /table -->\n\nafter\n")
+    assert check(root) == [] and write(root) == []  # current: written once, unchanged after
+
+
+def test_an_unknown_or_unclosed_or_missing_table_is_reported(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(doctables, "TABLES", {"arm-step-time": TABLES["arm-step-time"]})
+    root = fixture_root(tmp_path, "<!-- table: no-such-table -->\n<!-- /table -->\n")
+    assert check(root) == ["docs/page.md:5: no generated table named 'no-such-table'",
+                           "table 'arm-step-time' is marked nowhere in README.md or docs/"]
+    (root / "docs" / "page.md").write_text("<!-- table: arm-step-time -->\n| a |\n")
+    assert main(["--root", str(root)]) == 2
+    assert "table 'arm-step-time' has no <!-- /table --> line" in capsys.readouterr().err
