@@ -13,7 +13,7 @@ from maskbench.results.targets import reached_on_pooled
 
 BUDGET = 1e13
 POINTS = (0.25, 0.5, 0.75, 1.0)
-# The literature study's seed 0 on `tiny` (results/literature/leaderboard.csv): mask0's and tread50's FD and
+# The literature study's seed 0 on `tiny` (results/literature/first_look/leaderboard.csv): mask0's and tread50's FD and
 # val loss at the four horizons, with each row's sampling error.
 MASK0_FD = ((77787, 776), (37149, 834), (15109, 612), (10635, 933))
 TREAD_FD = ((43014, 616), (27909, 685), (9277, 855), (10419, 1306))

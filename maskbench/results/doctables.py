@@ -408,7 +408,7 @@ def tiny_literature(root: Path) -> str:
 
 
 def literature_first_look(root: Path) -> str:
-    path = "results/literature/leaderboard.csv"
+    path = "results/literature/first_look/leaderboard.csv"
     study = _study(root, path)
     records = _records(study, "tiny", 1e13)
     finals = _final_rows(study.rows, "tiny", 1e13)
@@ -517,7 +517,7 @@ TABLES: dict[str, DocTable] = {
     "crossover-final": DocTable((CROSSOVER,), crossover_final),
     "crossover-counts": DocTable((CROSSOVER,), crossover_counts),
     "tiny-mission": DocTable((PRE_CRN,), tiny_mission),
-    "literature-first-look": DocTable(("results/literature/leaderboard.csv",), literature_first_look),
+    "literature-first-look": DocTable(("results/literature/first_look/leaderboard.csv",), literature_first_look),
     "tiny-literature": DocTable((PRE_CRN,), tiny_literature),
     "arm-step-time": DocTable(("results/arm_step_time.csv",), arm_step_time),
     "longskip": DocTable(("results/longskip/leaderboard.csv",), longskip),
