@@ -420,7 +420,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def add_leaderboard(board: argparse.ArgumentParser) -> None:
     board.description = ("Merge leaderboard CSVs (yours, a cluster's, results/reference.csv) and summarise each "
-                         "(dataset, model, budget) group per arm and eval point (mean ± 95% CI over seeds), then "
+                         "(dataset, model, batch size, budget, starting run) group per arm and eval point (mean ± 95% CI over seeds), then "
                          "compare each arm with the baseline on FD and validation loss side by side (co-primary): "
                          "at the final point the difference with its paired t-interval, p, the minimum detectable "
                          "effect (80% power), a verdict that claims no more than the interval (better / worse / "

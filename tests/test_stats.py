@@ -944,3 +944,12 @@ def test_an_arm_with_a_pretrained_encoder_reports_its_cost_beside_the_budget(con
     assert f"mask75: its frozen encoder's pretraining cost 4.23e+12 FLOPs ({4.23e12 / BUDGET:.0%} of the budget), " \
            "not counted in train_flops" in final["mask75"].notes
     assert not any("encoder" in note for note in final["mask50"].notes + final["mask0"].notes)
+
+
+def test_hours_are_labelled_by_the_device_they_were_measured_on(conditions_board):
+    """CPU hours are not GPU hours: the table's hours column says which device kind each record's rows name."""
+    cpu = [dict(row, device="cpu:x86_64") for row in conditions_board]
+    assert "device-h" in render(summarize(cpu)) and re.search(r"\| 1 CPU \|", render(summarize(cpu), "markdown"))
+    mixed = [dict(row, device="H100" if row["seed"] == 0 else "cpu:x86_64") for row in conditions_board]
+    assert {r.device for r in summarize(mixed) if not r.is_reference} == {"mixed"}
+    assert {r.device for r in summarize(conditions_board)} == {""}  # not recorded: no label

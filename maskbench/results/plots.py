@@ -142,7 +142,7 @@ def _plot_group(fig: Figure | SubFigure, group: tuple, records: list[Summary], c
             _draw(ax_hours, curve, metric, "gpu_hours", arm, colors[arm])
             _draw(ax_flops, curve, metric, "train_flops", arm, colors[arm])
         ylabel = _ylabel(metric, records[0].fid_features)
-        for ax, xlabel in ((ax_hours, "GPU-hours"), (ax_flops, "training FLOPs (fwd+bwd)")):
+        for ax, xlabel in ((ax_hours, "device-hours (the rows' device column)"), (ax_flops, "training FLOPs (fwd+bwd)")):
             ax.set(xlabel=xlabel, ylabel=ylabel, yscale="log" if get_metric(metric).log_axis else "linear")
             ax.grid(alpha=0.3)
         ax_flops.set_xscale("log")

@@ -127,6 +127,7 @@ class Summary:
     notes: tuple[str, ...] = ()
     started_from: str = ""        # `source_family` of the trained run these runs started from ("" from scratch)
     eval_only: tuple[str, ...] = ()
+    device: str = ""              # what the hours were measured on (`device_kind`): CPU hours are not GPU hours
 
     @property
     def is_reference(self) -> bool:
@@ -335,8 +336,14 @@ def _point(runs: list[Row], features: str, level: float, notes: tuple[str, ...])
         metrics={metric: estimate for metric, (estimate, _) in estimates.items()},
         eval_only=tuple(metric for metric, (_, eval_only) in estimates.items() if eval_only),
         train_flops=_mean(_values(runs, "train_flops")), gpu_hours=_mean(_values(runs, "gpu_hours")),
-        fid_features=features, notes=notes,
+        fid_features=features, notes=notes, device=device_kind(runs),
     )
+
+
+def device_kind(runs: Sequence[Row]) -> str:
+    """The kind of device the runs' hours were measured on: "CPU", the GPU's name, "mixed", or "" (not recorded)."""
+    kinds = {"CPU" if device.startswith("cpu") else device for row in runs if (device := row.get("device"))}
+    return kinds.pop() if len(kinds) == 1 else "mixed" if kinds else ""
 
 
 def _estimate(runs: list[Row], metric: str, level: float) -> tuple[Estimate | None, bool]:

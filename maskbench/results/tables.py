@@ -25,7 +25,7 @@ FORMATS = ("table", "markdown", "csv")
 # The summary table's columns around its metrics (`table_header`). "FD", not "FID": the column is Inception FID
 # only where its features say inception (on synth it is the oracle's Fréchet distance); FD_NOTE says so.
 TABLE_HEAD = ("dataset", "model", "batch", "budget", "arm", "point", "n")
-TABLE_TAIL = ("GPU-h", "ref")
+TABLE_TAIL = ("device-h", "ref")  # hours of the device each row names (`Summary.device`): CPU hours say CPU
 RATIO_PARTS = ("bound", "geomean", "lo", "hi", "p", "p_adj", "not_reached", "pooled")
 CSV_HEADER = ("dataset", "model", "batch_size", "budget_flops", "started_from", "arm", "point", "n",
               *(f"{m}{suffix}" for m in compared_metrics() for suffix in ("", "_ci")), "eval_only",
@@ -61,7 +61,7 @@ COMPARISON_NOTE = (
 TARGETS_NOTE = (
     "Compute to target: at each horizon (eval point) of {baseline}, per seed, the target is {baseline}'s value "
     "there read off the isotonic (monotone) fit of its run's curve, each point weighted by 1/SE² of its sampling "
-    "error where the rows have one, and the ratio is the FLOPs (GPU-h) the arm's run of that seed needs to reach "
+    "error where the rows have one, and the ratio is the FLOPs (device-hours) the arm's run of that seed needs to reach "
     "it on its own monotone fit (straight lines between fitted points) over what {baseline}'s needs; geometric "
     "mean over seeds with the {pct} t-interval of the log ratios. target (= h): {baseline}'s fit pooled this "
     "horizon with horizon h on every seed, so its target and ratios are h's: one test, counted once. <=: an upper "
@@ -73,7 +73,7 @@ TARGETS_NOTE = (
 TARGETS_REPORTED_NOTE = (
     "Compute to target: at each horizon (eval point) of {baseline}, per seed, the target is {baseline}'s value "
     "there read off the isotonic (monotone) fit of its run's curve, each point weighted by 1/SE² of its sampling "
-    "error where the rows have one, and the ratio is the FLOPs (GPU-h) the arm's run of that seed needs to reach "
+    "error where the rows have one, and the ratio is the FLOPs (device-hours) the arm's run of that seed needs to reach "
     "it on its own monotone fit over what {baseline}'s needs; geometric mean over seeds with the {pct} t-interval "
     "of the log ratios. target (= h): {baseline}'s fit pooled this horizon with horizon h. <=: an upper bound, >: "
     "a lower bound (k/n not reached). Reported with their intervals, not tested: the plan reads \"pays\" off the "
@@ -348,7 +348,7 @@ def _comparison_header(pct: str) -> tuple[str, ...]:
 def _targets_header(metrics: Sequence[str], pct: str, tested: bool = True) -> tuple[str, ...]:
     """Compute to target's columns; without the tests' (p adj, verdict, pays, metrics) where ratios are only
     reported (`Family.tests_ratios`)."""
-    per_metric = ("target", f"FLOPs ratio ({pct} CI)", f"GPU-h ratio ({pct} CI)", *(("p adj", "verdict") * tested))
+    per_metric = ("target", f"FLOPs ratio ({pct} CI)", f"device-h ratio ({pct} CI)", *(("p adj", "verdict") * tested))
     return ("dataset", "model", "batch", "budget", "arm", "horizon",
             *(f"{get_metric(metric).label} {column}" for metric in metrics for column in per_metric),
             *(("pays", "metrics") * tested), "reading")
@@ -496,7 +496,7 @@ def _table_cells(record: Summary, sources: list[str]) -> list[str]:
 
     return [
         *_group_cells(record), _g(record.point), str(record.n), *(c for m in compared_metrics() for c in cells(m)),
-        _g(record.gpu_hours), f"[{sources.index(record.source) + 1}]" if record.is_reference else "",
+        f"{_g(record.gpu_hours)} {record.device}".strip(), f"[{sources.index(record.source) + 1}]" if record.is_reference else "",
     ]
 
 

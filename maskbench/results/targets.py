@@ -21,7 +21,7 @@ from maskbench.metrics import get_metric
 from maskbench.results.estimators import Bound, Ratio, curve_errors
 from maskbench.results.leaderboard import Row
 
-COMPUTE = {"train_flops": "FLOPs", "gpu_hours": "GPU-h"}  # the two compute axes of compute-to-target
+COMPUTE = {"train_flops": "FLOPs", "gpu_hours": "device-h"}  # the two compute axes of compute-to-target
 Weights = Sequence[float] | None  # one per point of a curve, in its order; None: equal weights
 
 
