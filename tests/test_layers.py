@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "maskbench"
 LAYERS = ["data", "models", "train", "eval", "results", "runs", "cli"]
 BASE = {"maskbench", "maskbench.conf", "maskbench.config", "maskbench.config.schema", "maskbench.config.compose",
-        "maskbench.config.validate", "maskbench.config.identity", "maskbench.config.techniques", "maskbench.models.presets",
+        "maskbench.config.validate", "maskbench.config.identity", "maskbench.config.techniques", "maskbench.config.keys", "maskbench.models.presets",
         "maskbench.files",
         "maskbench.errors", "maskbench.manifest", "maskbench.weights", "maskbench.metrics"}
 

@@ -63,9 +63,9 @@ class Phase:
 
 @dataclass
 class ArmConfig:
-    name: str = "mask0"
-    description: str = ""
-    phases: list[Phase] = field(default_factory=lambda: [Phase()])
+    name: str = "mask0"                      # the arm's name (rows and run ids carry it); `arm=NAME` picks a shipped arm, `arm=FILE.yaml` yours
+    description: str = ""                    # one line for `maskbench arms`
+    phases: list[Phase] = field(default_factory=lambda: [Phase()])  # the arm: each phase a mask ratio and its share of the budget (docs/arms.md)
 
 
 @dataclass
@@ -79,29 +79,29 @@ class DataConfig:
     name: str = "synth"            # with data.path: the source its shards' manifest records (`load_config`)
     path: Optional[str] = None     # directory holding train/ and val/ shard dirs; None = generated under paths.data
     image_size: int = 32           # pixels (synth) or latent size (latent shards; read from the manifest)
-    channels: int = 3
+    channels: int = 3                        # image channels (read from the manifest for latent shards)
     min_objects: int = 1           # synth only
     max_objects: int = 3           # synth only
     n_train: int = 50_000          # synth only
     n_val: int = 2_000             # synth only
     seed: int = 0                  # synth generation seed (not the run seed)
     num_workers: Optional[int] = None  # loader workers per stream; None = sized from the CPUs (data order never depends on it)
-    shuffle_buffer: int = 1_000
-    max_bad_fraction: float = 0.05
+    shuffle_buffer: int = 1_000              # samples in the loader's shuffle buffer
+    max_bad_fraction: float = 0.05           # undecodable samples tolerated before a run stops (as a share of those read)
     mix: list[MixSource] = field(default_factory=list)  # data=mix: sources sampled by weight
 
 
 @dataclass
 class EvalConfig:
-    points: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    points: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])  # eval points as fractions of the budget: each a cooled horizon under wsd
     n_samples: int = 256           # generated images per eval point (the first N held-out prompts)
     final_n_samples: Optional[int] = None  # generated images at the final point (1.0); None = n_samples
     sampler_steps: int = 20        # Euler steps of the rectified-flow ODE
-    cfg_scale: float = 2.5
+    cfg_scale: float = 2.5                   # classifier-free guidance scale at sampling
     noise_seed: int = 1234         # fixed noise per prompt index, shared by every arm and seed
-    batch_size: int = 128
+    batch_size: int = 128                    # images generated (and scored) per batch
     val_samples: int = 512         # held-out samples for the validation loss
-    val_t: list[float] = field(default_factory=lambda: [(i + 0.5) / 8 for i in range(8)])
+    val_t: list[float] = field(default_factory=lambda: [(i + 0.5) / 8 for i in range(8)])  # the fixed t of the validation loss (its mean over these)
     grid_size: int = 64            # images in the sample grid PNG
     inception_weights: Optional[str] = None  # local inception-2015-12-05.pt (real-data FID)
     reference_stats: Optional[str] = None    # FID reference npz; default <data>/val/inception_stats.npz
@@ -131,24 +131,24 @@ class DemoteRoute:
 @dataclass
 class TrainConfig:
     batch_size: int = 64           # global batch (all processes)
-    lr: float = 1e-3
+    lr: float = 1e-3                         # AdamW learning rate at the top of the schedule
     schedule: LRSchedule = LRSchedule.wsd  # wsd: every eval point is a cooled horizon (`maskbench.train.schedule`)
     decay_fraction: float = 0.2    # wsd: the LR decays (1 - sqrt) over the last this much of each horizon's FLOPs
-    warmup_steps: int = 50
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
+    warmup_steps: int = 50                   # linear LR warm-up from 0
+    weight_decay: float = 0.0                # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    grad_clip: float = 1.0                   # global gradient-norm clip (0: none)
     ema_decay: float = 0.999       # with warm-up min(decay, (1+n)/(10+n)): short runs do not lag
     caption_dropout: float = 0.1   # enables classifier-free guidance
-    mixed_precision: Precision = Precision.auto
-    compile: bool = False
-    checkpoint_minutes: float = 10.0
+    mixed_precision: Precision = Precision.auto  # auto: bf16 on GPUs, fp32 on CPU
+    compile: bool = False                    # torch.compile the model (docs/cluster.md)
+    checkpoint_minutes: float = 10.0         # minutes between periodic checkpoints
     keep_checkpoints: int = 2      # periodic checkpoints kept; eval-point checkpoints are always kept
     max_bad_steps: int = 5         # consecutive non-finite losses before stopping
     stop_at_step: Optional[int] = None  # save and stop there, as a preemption would (resume later)
     grad_accum: int = 1            # micro-batches per step; processes × grad_accum data streams share the batch
     fused_optimizer: bool = True   # fused AdamW kernel (CUDA only)
-    attention: AttentionKernel = AttentionKernel.auto
+    attention: AttentionKernel = AttentionKernel.auto  # auto: SDPA picks flash / memory-efficient kernels; math: the reference kernel
     pin_memory: bool = True        # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
     activation_checkpointing: bool = False  # recompute each DiT block in backward: less memory, ~1/3 more compute
     dist_timeout_minutes: float = 120.0     # collective timeout: other ranks wait while rank 0 evaluates
@@ -168,9 +168,9 @@ class TrainConfig:
 
 @dataclass
 class PathsConfig:
-    runs: str = "runs"
-    data: str = "data"
-    leaderboard: str = "results/leaderboard.csv"
+    runs: str = "runs"                       # where run directories go
+    data: str = "data"                       # where generated synth data goes
+    leaderboard: str = "results/leaderboard.csv"  # the CSV a run appends its rows to
     weights: Optional[str] = None  # folder laid out as `maskbench weights` lists; None: $MASKBENCH_WEIGHTS, if set
 
 
@@ -186,8 +186,8 @@ class RunConfig:
     seed: int = 0
     # RUN_DIR or RUN_DIR@POINT: start from another run's weights (`maskbench.runs.launch.load_source`). The
     # source's FLOPs are not part of this run's budget; its run id names this run (config_hash).
-    init_from: Optional[str] = None
-    init_weights: InitWeights = InitWeights.ema
+    init_from: Optional[str] = None          # RUN_DIR or RUN_DIR@POINT: start from that run's weights (see above)
+    init_weights: InitWeights = InitWeights.ema  # which weights of the init_from source: ema or raw
 
 
 

@@ -28,20 +28,20 @@ SkipInit = StrEnum("SkipInit", "dit skipdit uvit identity")
 class ModelConfig:
     """Architecture of the DiT; plain fields so OmegaConf can compose it from YAML."""
 
-    name: str = "tiny"
-    patch_size: int = 4
-    width: int = 128
+    name: str = "tiny"        # the preset's name (rows carry it); `model=NAME` picks a preset
+    patch_size: int = 4       # pixels (or latent cells) per token side
+    width: int = 128          # token width D
     depth: int = 4            # backbone blocks, run on kept tokens only
-    heads: int = 4
+    heads: int = 4            # attention heads
     mixer_depth: int = 0      # patch-mixer blocks on ALL tokens before dropping (MicroDiT); 0 = MaskDiT-style early drop
-    mlp_ratio: float = 4.0
+    mlp_ratio: float = 4.0    # MLP hidden width over D
     text_width: int = 64      # width of the small trainable synth text encoder
-    text_depth: int = 2
+    text_depth: int = 2       # blocks of the small synth text encoder
     text_len: int = 32        # caption context length (tokens) for the synth text encoder
     kernels: Kernels = Kernels.auto  # passed to gather/scatter
     structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
-    long_skip: LongSkipKind = LongSkipKind.none
-    skip_scale: SkipScale = SkipScale.none
+    long_skip: LongSkipKind = LongSkipKind.none  # long skips from block i to depth-1-i: concat_ln (Skip-DiT) or concat (U-ViT); none
+    skip_scale: SkipScale = SkipScale.none  # ScaleLong's coefficient on each long skip: kappa, constant, learned_shared, learned_per_skip
     skip_kappa: float = 0.5   # ScaleLong's kappa (skip_scale=kappa); its code's default
     skip_init: SkipInit = SkipInit.dit  # how the long-skip fusion layers start (matters most when converting)
     decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token

@@ -1,4 +1,5 @@
-"""The tables of README.md and docs/*.md that read committed CSVs, made by code and never typed.
+"""The tables of README.md and docs/*.md that read committed CSVs (and the config keys' page, which reads the
+schema), made by code and never typed.
 
 A generated table sits between two marker lines in the Markdown:
 
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from maskbench.config.keys import config_keys
 from maskbench.metrics import get_metric
 from maskbench.results.estimators import Difference, ratio_verdict
 from maskbench.results.leaderboard import Row, read_rows
@@ -499,6 +501,14 @@ def arm_step_time(root: Path) -> str:
                     f"{float(r['time_per_flop_vs_mask0']):.2f}"] for r in rows])
 
 
+def config_key_table(root: Path) -> str:
+    """Every config key, its default (what a run with no override uses) and its meaning, from the schema."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+    lines = [f"| `{key.key}` | `{cell(key.default)}` | {cell(key.meaning)} |" for key in config_keys()]
+    return "\n".join(["| key | default | meaning |", "|---|---|---|", *lines])
+
+
 @dataclass(frozen=True)
 class DocTable:
     """A generated table: the CSVs it reads and the function that renders it from the repository root."""
@@ -523,6 +533,7 @@ TABLES: dict[str, DocTable] = {
     "longskip": DocTable(("results/longskip/leaderboard.csv",), longskip),
     "conversion": DocTable((PRE_CRN,), conversion),
     "downscale-routes": DocTable((PRE_CRN,), downscale_routes),
+    "config-keys": DocTable((), config_key_table),  # from the schema (maskbench/config/keys.py), no CSV
 }
 
 
