@@ -34,13 +34,13 @@ STEPS=env,step_time,arm_step_time,loader,synth,run,repro
 if [ "$mode" = cpu ]; then
   L_ENV=60 L_STEP_TIME=120 L_ARM_STEP_TIME=120 L_LOADER=120 L_SYNTH=60 L_RUN=120 L_REPRO=240
   step_time="--smoke" arm_step_time="--smoke" loader="--smoke" batch=8 budget=1.5e9
-  toy="model=tiny model.width=32 model.depth=2 model.heads=2 model.text_width=32 model.text_depth=1 model.text_len=24"
+  toy="model=tiny model.width=32 model.depth=3 model.heads=2 model.text_width=32 model.text_depth=1 model.text_len=24"
 else
   L_ENV=20 L_STEP_TIME=90 L_ARM_STEP_TIME=90 L_LOADER=50 L_SYNTH=20 L_RUN=70 L_REPRO=80
   step_time="--models dit_b2 dit_xl2 --steps 10 --warmup 3"
   arm_step_time="--model dit_b2 --batch 128 --steps 8 --warmup 2 --arms mask0 mask75 mask75_then0 maskdit50 tread50 sprint75 lsc"
   loader="--gpu H200 --max-seconds 4" batch=128 budget=1e11
-  toy="model=tiny model.width=64 model.depth=2 model.heads=2 model.text_width=64 model.text_depth=1 model.text_len=24"
+  toy="model=tiny model.width=64 model.depth=3 model.heads=2 model.text_width=64 model.text_depth=1 model.text_len=24"
 fi
 if [ "$plan" = 1 ]; then
   total=0
