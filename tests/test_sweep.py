@@ -44,7 +44,10 @@ def test_emit_prints_one_launch_line_per_run_and_a_valid_slurm_script(capsys, tm
     assert main(["sweep", "arm=mask0,mask75", "eval.points=[0.5,1.0]", empty, "--emit", "slurm"]) == 0
     script = tmp_path / "sweep.sbatch"
     script.write_text(capsys.readouterr().out)
-    assert "#SBATCH --job-name=maskbench-sweep --array=0-1" in script.read_text()
+    header = script.read_text()
+    assert "#SBATCH --job-name=maskbench-sweep --array=0-1" in header
+    assert "--gpus-per-node=8 --cpus-per-task=64" in header  # CPUs for the loader workers of 8 processes
+    assert "#SBATCH --time=24:00:00 --signal=TERM@300 --requeue" in header  # a save before the limit, then resume
     # Run the script with a stand-in srun that prints its arguments: task 1 gets the second run's
     # overrides as separate, unglobbed words.
     fake = tmp_path / "bin"
