@@ -48,7 +48,8 @@ class StepInputs:
             raise ValueError(why)
 
     def rows(self, index: torch.Tensor) -> StepInputs:
-        """The inputs of the samples `index` picks (a sub-batch: a probe's part, a demotion route's samples)."""
+        """The per-sample inputs (kept tokens, TREAD's span, SPRINT's path drop) of the samples `index` picks: a
+        rule probe's part. The demotion is left whole: it draws which samples it takes when the loss runs."""
         per_sample = ("keep_idx", "span_idx", "drop_path")
         return replace(self, **{name: getattr(self, name)[index] for name in per_sample
                                 if getattr(self, name) is not None})
