@@ -179,7 +179,7 @@ def test_bad_study_files_are_refused_in_one_line(tmp_path, text, message):
 
 def test_study_errors_and_listing_on_the_command_line(capsys):
     assert main(["sweep", "study=nope"]) == 2
-    assert "unknown study 'nope'; shipped studies: crossover, example, fair, plateau_curve, plateau_curve_one, plateau_curve_xxs, powered" in capsys.readouterr().err
+    assert "unknown study 'nope'; shipped studies: crossover, example, fair, literature, plateau_curve, plateau_curve_one, plateau_curve_xxs, powered" in capsys.readouterr().err
     assert main(["sweep", "study=example,other"]) == 2
     assert "one study at a time" in capsys.readouterr().err
     assert main(["sweep", "study=missing/file.yaml"]) == 2
