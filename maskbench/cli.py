@@ -261,7 +261,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         return html_main(paths, args.html, args.runs, args.plan, args.baseline, args.on_error,
                          args.allow_size_mismatch)
     return leaderboard_main(paths, args.format, args.plot, args.baseline, args.on_error, args.mlperf,
-                            args.crossover, args.plan, args.allow_size_mismatch)
+                            args.crossover, args.plan, args.allow_size_mismatch, args.details)
 
 
 def cmd_probe_gradfid(args: argparse.Namespace) -> int:
@@ -436,7 +436,14 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
                          "correction and what pays; without one every reading is exploratory.")
     board.add_argument("csvs", nargs="*", metavar="CSV",
                        help="leaderboard CSVs (default: results/leaderboard.csv and results/reference.csv)")
-    board.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
+    board.add_argument("--format", choices=("table", "markdown", "csv"), default="table",
+                       help="table (default): text within 120 columns, a heading per group, the columns a "
+                            "verdict is read from, long cells and notes wrapped; markdown and csv carry every "
+                            "column")
+    board.add_argument("--details", action="store_true",
+                       help="with the table format, every column (test, p, MDE, eval/seed SE, targets, both "
+                            "compute axes' ratios, each metric's ratio verdict, the metrics' agreement), one "
+                            "line per row, however wide")
     board.add_argument("--plot", metavar="PNG",
                        help="write FID vs GPU-hours and FID vs FLOPs plots here, and the compute curves (val loss "
                             "and FD against FLOPs with their fits) beside it, to PNG's name with _fits")

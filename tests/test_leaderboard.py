@@ -236,7 +236,7 @@ def study(tmp_path) -> Path:
 
 
 def test_without_a_plan_every_reading_is_exploratory(study, capsys):
-    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0
+    assert leaderboard_main([str(study / "leaderboard.csv")], details=True) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("no plan: exploratory")
     comparisons = paired_lines(out)
@@ -245,7 +245,7 @@ def test_without_a_plan_every_reading_is_exploratory(study, capsys):
 
 def test_the_plan_beside_the_csv_is_applied_and_rows_before_it_explore(study, capsys):
     write_plan(study)  # written 2026-06-01, after the rows
-    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0
+    assert leaderboard_main([str(study / "leaderboard.csv")], details=True) == 0
     out = capsys.readouterr().out.splitlines()
     # per metric: the final difference and the FLOPs ratios at horizons 0.5 and 1 -> 6 tests
     assert out[0].startswith(f"plan {study / 'PLAN.md'} (demo): primary fid, val_loss; baseline mask0; "
@@ -256,16 +256,20 @@ def test_the_plan_beside_the_csv_is_applied_and_rows_before_it_explore(study, ca
 
 def test_a_plan_written_before_every_row_confirms_its_planned_readings(study, capsys):
     write_plan(study, written="2026-01-01T00:00:00+00:00", primary_metrics="[fid]")
-    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0
+    assert leaderboard_main([str(study / "leaderboard.csv")], details=True) == 0
     out = capsys.readouterr().out.splitlines()
     assert "before every row: its planned readings are confirmatory" in out[0] and "holm across the 3 tests" in out[0]
     fid, loss = paired_lines(out)
     assert fid.endswith("confirmatory") and loss.endswith("exploratory")  # val loss is shown, not planned
+    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0  # compact: readings that differ keep a column
+    compact = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [row[-1] for row in compact if row[:2] in (["mask75", "fid"], ["mask75", "val_loss"])] == [
+        "confirmatory", "exploratory"]
 
 
 def test_plan_flag_and_baseline_conflicts(study, tmp_path, capsys):
     plan = write_plan(tmp_path, written="2026-01-01T00:00:00+00:00")
-    assert leaderboard_main([str(study / "leaderboard.csv")], plan=str(plan)) == 0
+    assert leaderboard_main([str(study / "leaderboard.csv")], plan=str(plan), details=True) == 0
     assert "confirmatory" in capsys.readouterr().out.splitlines()[0]
     assert leaderboard_main([str(study / "leaderboard.csv")], baseline="mask75", plan=str(plan)) == 2
     assert capsys.readouterr().err == f"error: --baseline mask75 contradicts {plan}, whose baseline is mask0\n"
@@ -385,7 +389,7 @@ def test_a_compute_multiplier_plan_tests_the_difference_and_m_at_b_holm_across_t
 
 
 def test_the_compute_multiplier_verdict_is_printed_per_arm_with_the_metrics_disagreement(fair, capsys):
-    assert leaderboard_main([str(fair / "leaderboard.csv")]) == 0
+    assert leaderboard_main([str(fair / "leaderboard.csv")], details=True) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "holm across the 12 tests it reads; pays: compute multiplier M(B) above 1" in lines[0]
@@ -446,7 +450,7 @@ def test_a_gap_under_two_combined_sampling_errors_is_not_detected():
 def test_the_same_rows_under_a_flops_plan_are_read_as_before(fair, capsys):
     """The older rule on the same rows: every ratio tested, "pays" off the ratios, no compute-multiplier verdict."""
     write_plan(fair, written="2026-12-03T07:17:00+00:00", prediction_fails="paired relative error")
-    assert leaderboard_main([str(fair / "leaderboard.csv")]) == 0
+    assert leaderboard_main([str(fair / "leaderboard.csv")], details=True) == 0
     out = capsys.readouterr().out
     assert "holm across the 12 tests" not in out.splitlines()[0] and "pays: FLOPs ratio below 1" in out.splitlines()[0]
     assert "The plan's verdict" not in out and "(reported, not tested)" not in out

@@ -45,7 +45,7 @@ plots._plot_group = lambda fig, group, records, colors, drawn, level: curves.app
 plots.group_curves(summary)
 
 print(json.dumps({
-    "table": render(summary, "table").splitlines()[0], "curves": curves,
+    "table": render(summary, "table", details=True).splitlines()[0], "curves": curves,
     "columns": COLUMNS[-2:], "float": sorted({"sharpness", "sharpness_se"} & FLOAT_COLUMNS),
     "estimate": arm.metrics["sharpness"], "difference": arm.comparisons["sharpness"].difference.mean,
     "csv_header": next(csv.reader(io.StringIO(render(summary, "csv")))), "cli": printed,

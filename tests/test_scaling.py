@@ -260,7 +260,7 @@ def test_the_plan_fixes_the_failure_rule_and_how_far_to_look(study, capsys):
                                                      "crossover_within: 100\n"), encoding="utf-8")
     plan = load_plan(study / "PLAN.md")
     assert (plan.prediction_fails, plan.crossover_within) == ("paired relative error", 100.0)
-    assert leaderboard_main([str(study / "leaderboard.csv")]) == 0
+    assert leaderboard_main([str(study / "leaderboard.csv")], details=True) == 0
     out = capsys.readouterr().out
     assert "rule 'paired relative error': Failed when the error is both real and large" in out
     assert "none within 100× of B (0 of 3 seeds cross there)" in out

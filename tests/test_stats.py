@@ -396,7 +396,7 @@ def test_an_arm_that_never_reaches_the_target_gives_a_lower_bound(paired_board):
 
 def test_comparisons_render_in_every_format(paired_board):
     summary = summarize(paired_board)
-    table = render(summary).splitlines()
+    table = render(summary, details=True).splitlines()
     start = table.index("Against mask0 at the final point:")
     assert table[start + 1].split()[:8] == ["dataset", "model", "batch", "budget", "arm", "metric", "test", "n"]
     assert "3 pairs" in table[start + 3] and "no difference detected" in table[start + 3]
@@ -679,7 +679,7 @@ def test_both_metrics_are_compared_and_their_disagreement_is_said(split_board):
     fid, loss = masked.comparisons["fid"].difference, masked.comparisons["val_loss"].difference
     assert fid.verdict == "better" and loss.verdict.startswith("no difference detected")
     assert loss.mean == pytest.approx(np.mean([0.02, -0.02, 0.01]))
-    table = render(summary).splitlines()
+    table = render(summary, details=True).splitlines()
     start = table.index("Against mask0 at the final point:")
     assert "  fid  " in table[start + 3] and "  val_loss  " in table[start + 4]  # side by side
     assert all("disagree" in line for line in table[start + 3:start + 5])
@@ -703,7 +703,7 @@ def test_one_seed_gets_an_interval_from_its_sampling_error_alone(tmp_path):
     (record,) = summarize(_through_csv(tmp_path, rows))
     assert record.metrics["fid"] == pytest.approx((200.0, scipy.stats.norm.ppf(0.975) * 5.0))
     assert record.eval_only == ("fid",) and math.isnan(record.metrics["val_loss"][1])
-    table = render([record])
+    table = render([record], details=True)
     assert "200 ± 9.8 (eval SE)" in table and "(eval SE): one seed" in table
 
 
@@ -732,7 +732,7 @@ def test_summaries_use_sampling_errors_when_every_row_has_one(split_board):
     assert fid.eval_se == pytest.approx(math.sqrt(6 * 40.0**2) / 3) and fid.mde == pytest.approx(
         (T975_DF2 + T80_DF2) * max(fid.se, fid.eval_se))
     assert math.isnan(masked.comparisons["val_loss"].difference.eval_se)
-    table = render(summarize(with_se)).splitlines()
+    table = render(summarize(with_se), details=True).splitlines()
     row = next(line for line in table if " fid " in line and "paired" in line)
     assert f"  {fid.eval_share:.3g}  " in row
     one_missing = [dict(row, fid_se=None if row["seed"] == 0 else 40.0) for row in split_board]
@@ -857,7 +857,7 @@ def test_horizons_the_baselines_fit_pooled_are_one_test_in_holm(pooled_board):
     assert c.difference.p_adj == pytest.approx(holm_by_hand[c.difference.p])
     assert c.targets[1].ratios["train_flops"].p_adj == pytest.approx(holm_by_hand[expected.p])
     assert c.targets[2].ratios["train_flops"].p_adj == c.targets[1].ratios["train_flops"].p_adj
-    table = render(corrected, family=Family(("fid",), method="holm"))
+    table = render(corrected, family=Family(("fid",), method="holm"), details=True)
     assert re.search(r"mask75\s+1\s+191 \(= 0\.5\)", table) and table.count("(= 0.5)") == 1
 
 

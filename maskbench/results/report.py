@@ -45,7 +45,15 @@ from maskbench.results.multiplicity import (
 )
 from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, FAILURE_RULES, GroupFit, fit_groups
 from maskbench.results.summary import SIZE_TOLERANCE, Summary, summarize
-from maskbench.results.tables import FORMATS, render, render_scaling, render_verdicts
+from maskbench.results.tables import (
+    DETAILS_HINT,
+    FORMATS,
+    WIDTH,
+    render,
+    render_scaling,
+    render_verdicts,
+    wrap_lines,
+)
 from maskbench.results.targets import COMPUTE
 
 PLAN_FILE = "PLAN.md"
@@ -258,7 +266,7 @@ def analyse_rows(rows: Sequence[Row], plan: Plan | None, baseline: str, family: 
 def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
                      baseline: str | None = None, on_error: str = "skip", mlperf: bool = False,
                      crossover: str | None = None, plan: str | None = None,
-                     allow_size_mismatch: bool = False) -> int:
+                     allow_size_mismatch: bool = False, details: bool = False) -> int:
     """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
 
     With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
@@ -271,6 +279,8 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
     the summary in table and Markdown formats (`scaling`, under their own heading: CSV stays one table), and
     plot also draws them beside it, to PNG's name with `_fits` (`plots.plot_fits`). Under a plan whose
     "pays" is the compute multiplier, each arm's verdict at B follows last (on stderr beside a CSV).
+    The text (fmt "table") fits `tables.WIDTH` columns and ends with a line saying what `details` adds: every
+    column, one line a row, as the tables were before they had to fit a terminal.
     """
     from maskbench.results import plots  # matplotlib: only once a summary is to be printed or drawn
 
@@ -297,13 +307,16 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         analysis = analyse_rows(rows, found, baseline, family, fits=fmt != "csv" or bool(plot),
                                 size_tolerance=tolerance)
         summary, fits = analysis.summary, analysis.fits
-        _print_plan_line(found.describe(rows, analysis.tests) if found else NO_PLAN, fmt)
-        print(render(summary, fmt, family))
+        compact = fmt == "table" and not details
+        _print_plan_line(found.describe(rows, analysis.tests) if found else NO_PLAN, fmt, compact)
+        print(render(summary, fmt, family, details))
         if fits and fmt != "csv":
-            print("\n" + render_scaling(fits, fmt, 1 - family.alpha))
+            print("\n" + render_scaling(fits, fmt, 1 - family.alpha, details))
         if analysis.verdicts:
-            verdicts = render_verdicts(analysis.verdicts, fmt, family)
+            verdicts = render_verdicts(analysis.verdicts, fmt, family, details)
             print(verdicts if fmt == "csv" else "\n" + verdicts, file=sys.stderr if fmt == "csv" else sys.stdout)
+        if compact:
+            print("\n" + DETAILS_HINT)
         if plot:
             print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
             if fits:
@@ -314,13 +327,14 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
     return 0
 
 
-def _print_plan_line(line: str, fmt: str) -> None:
+def _print_plan_line(line: str, fmt: str, compact: bool = False) -> None:
     """The line saying which plan was applied: on stderr beside a CSV, so the CSV stays one table; else
-    first on stdout, a paragraph of its own (a blank line apart, so Markdown does not read it into a table)."""
+    first on stdout, a paragraph of its own (a blank line apart, so Markdown does not read it into a table),
+    wrapped to `tables.WIDTH` in compact text."""
     if fmt == "csv":
         print(line, file=sys.stderr)
     else:
-        print(line, end="\n\n")
+        print("\n".join(wrap_lines([line], WIDTH if compact else None)), end="\n\n")
 
 
 def _print_mlperf(rows, baseline: str, fmt: str) -> int:

@@ -4,13 +4,21 @@ multiplier, its verdict per arm (`render_verdicts`).
 
 Every verdict is printed with the interval it reads, labelled confirmatory or exploratory, and every
 table is followed by notes that say how its figures were computed.
+
+Text comes two ways. By default it fits a terminal of WIDTH columns: each group is a heading over its own
+tables (the columns it shares move into the heading), the comparison and compute-to-target tables keep the
+columns a verdict is read from, long cells wrap inside their column and notes wrap. With `details` every
+column is printed, one line a row, however wide (the tables as Markdown and CSV carry them too).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
+import re
+import textwrap
 from collections.abc import Sequence
 
 from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
@@ -21,10 +29,13 @@ from maskbench.results.summary import Summary
 from maskbench.results.targets import COMPUTE, Target
 
 FORMATS = ("table", "markdown", "csv")
+WIDTH = 120  # the compact text's widest line: a terminal's, not the details' one line per row
+EVAL_SE = " (eval SE)"  # a value's interval from its one row's sampling error (EVAL_ONLY_NOTE)
 
 # The summary table's columns around its metrics (`table_header`). "FD", not "FID": the column is Inception FID
 # only where its features say inception (on synth it is the oracle's Fréchet distance); FD_NOTE says so.
-TABLE_HEAD = ("dataset", "model", "batch", "budget", "arm", "point", "n")
+GROUP_HEAD = ("dataset", "model", "batch", "budget")  # a group's columns: its heading in compact text
+TABLE_HEAD = (*GROUP_HEAD, "arm", "point", "n")
 TABLE_TAIL = ("device-h", "ref")  # hours of the device each row names (`Summary.device`): CPU hours say CPU
 RATIO_PARTS = ("bound", "geomean", "lo", "hi", "p", "p_adj", "not_reached", "pooled")
 CSV_HEADER = ("dataset", "model", "batch_size", "budget_flops", "started_from", "arm", "point", "n",
@@ -82,11 +93,16 @@ TARGETS_REPORTED_NOTE = (
 
 
 POOLED = "pooled over a"
-POOLED_NOTE = (
-    "pooled over a rising curve (k/n): on k of the n seeds the arm's run reaches the target only at a point its "
+POOLED_WHY = (
+    "on k of the n seeds the arm's run reaches the target only at a point its "
     "monotone fit pooled over a stretch where the measured curve rose (fell, where higher is better): the ratio "
     "rests on a value the run did not keep, so read it as a flag, not a saving; the run's own last values say "
     "where it ended.")
+POOLED_NOTE = "pooled over a rising curve (k/n): " + POOLED_WHY
+POOLED_MARK = "†"  # the compact text's short form of the pooled mark: "†k/n"
+POOLED_SHORT_NOTE = f"{POOLED_MARK}k/n: pooled over a rising curve, " + POOLED_WHY
+DETAILS_HINT = ("--details prints every column: test, p, MDE, eval/seed SE, targets, both compute axes' ratios, "
+                "ratio verdicts")
 
 
 SCALING_TITLE = ("Compute curves: per seed, each arm's L(C) = E + A·(C/B)^−α against training FLOPs C, the floor E "
@@ -106,7 +122,8 @@ Table = tuple[str | None, Sequence[str] | None, list[list[str]]]  # (title, head
 M_COLUMNS = 3  # arms per table of M at each horizon
 
 
-def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPLORATORY) -> str:
+def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPLORATORY,
+           details: bool = False) -> str:
     """The summary as aligned text tables, Markdown tables, or CSV (full precision).
 
     Table and Markdown give one line per arm and eval point; then, per arm and compared metric (FD and
@@ -114,15 +131,17 @@ def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPL
     point; then, per arm and baseline horizon, compute-to-target on every compared metric with the
     plan's "pays"; then every place the metrics disagree, and the notes. Intervals are at 1 − alpha of
     the family (95% without a plan); every verdict is labelled confirmatory or exploratory (`Family`).
-    In CSV, one row per record, with the ratios at the record's own point.
+    Text fits WIDTH columns unless `details` asks for every column (the module's docstring); Markdown
+    and CSV always carry every column. In CSV, one row per record, with the ratios at the record's own point.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     metrics = family.compared()
     if fmt == "csv":
         return _render_csv(summary, metrics, family)
+    compact = fmt == "table" and not details
     sources = list(dict.fromkeys(r.source for r in summary if r.is_reference))
-    tables = [(None, table_header(), [_table_cells(r, sources) for r in summary])]
+    tables = _summary_tables(summary, sources, compact)
     notes = list(dict.fromkeys(note for r in summary for note in _group_notes(r)))
     notes += [f"[{i}] {source}" for i, source in enumerate(sources, 1)]
     notes += [FD_NOTE] + ([EVAL_ONLY_NOTE] if any(r.eval_only for r in summary) else [])
@@ -131,32 +150,74 @@ def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPL
     if compared:
         baseline, pct = next(iter(compared[0].comparisons.values())).baseline, _pct(1 - family.alpha)
         tested = family.tests_ratios
-        tables += [
-            (f"Against {baseline} at the final point:", _comparison_header(pct),
-             [_comparison_cells(r, metric, metrics, family) for r in compared for metric in metrics
-              if metric in r.comparisons]),
-            (f"Compute to reach {baseline}'s value at each of its horizons" +
-             ("" if tested else " (reported, not tested)") + ":", _targets_header(metrics, pct, tested),
-             [_target_cells(r, point, metrics, family) for r in compared for point in _horizons(r)]),
-        ]
+        tables += _comparison_tables(compared, family, baseline, pct, compact)
+        tables += _targets_tables(compared, family, baseline, pct, compact)
         lines_of_disagreement = _disagreements(compared, metrics, family)
         notes.append(COMPARISON_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, method=family.method,
                                             ses=DETECTED_SES))
         notes.append(TARGETS_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, axis=COMPUTE[family.compute],
                                          pays=_pays_rule(family)) if tested else
                      TARGETS_REPORTED_NOTE.format(baseline=baseline, pct=pct))
+        shown = [family.compute] if compact else list(COMPUTE)  # the compute axes whose ratios are printed
         if any(t.pooled.get(axis) for r in compared for c in r.comparisons.values() for t in c.targets
-               for axis in COMPUTE):
-            notes.append(POOLED_NOTE)
+               for axis in shown):
+            notes.append(POOLED_SHORT_NOTE if compact else POOLED_NOTE)
     if fmt == "markdown":
         return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
-    return "\n".join(_layout(tables, fmt) + lines_of_disagreement + ([""] if lines_of_disagreement else []) + notes)
+    width = WIDTH if compact else None
+    return "\n".join(_layout(tables, fmt, width) + wrap_lines(lines_of_disagreement, width)
+                     + ([""] if lines_of_disagreement else []) + wrap_lines(notes, width))
 
 
-def render_scaling(fits: Sequence[GroupFit], fmt: str = "table", level: float = 0.95) -> str:
+def _summary_tables(summary: Sequence[Summary], sources: list[str], compact: bool) -> list[Table]:
+    """The summary table; in compact text one per group, under a heading that names the group and the
+    feature space its FD is in, then the published references in one table of their own (each reference is
+    a group of one: a heading apiece would say less than their columns)."""
+    header = table_header()
+    if not compact:
+        return [(None, header, [_table_cells(r, sources) for r in summary])]
+    measured = [(r.group, _table_cells(r, sources)) for r in summary if not r.is_reference]
+    features = [name for name in header if name.endswith(" features")]
+    tables = _grouped(header, measured, header[len(GROUP_HEAD):], lift=features)
+    references = [_table_cells(r, sources) for r in summary if r.is_reference]
+    return tables + ([_compact_table("Published references:", header, references, header)] if references else [])
+
+
+def _comparison_tables(compared: Sequence[Summary], family: Family, baseline: str, pct: str,
+                       compact: bool) -> list[Table]:
+    """Each arm against the baseline at the final point; in compact text the columns a verdict is read from,
+    the verdict in its short form (`short_verdict`), MDE, eval/seed SE and the metrics' agreement left to
+    --details."""
+    metrics, title, header = family.compared(), f"Against {baseline} at the final point:", _comparison_header(pct)
+    rows = [(r.group, _comparison_cells(r, metric, metrics, family)) for r in compared for metric in metrics
+            if metric in r.comparisons]
+    if not compact:
+        return [(title, header, [cells for _, cells in rows])]
+    keep = ("arm", "metric", "n", f"Δ ({pct} CI)", "p adj", "verdict", "reading")
+    return [(title, None, []), *_grouped(header, rows, keep, lift=("n", "reading"), short=("verdict",))]
+
+
+def _targets_tables(compared: Sequence[Summary], family: Family, baseline: str, pct: str,
+                    compact: bool) -> list[Table]:
+    """Compute to target at each of the baseline's horizons; in compact text only the ratio on the plan's
+    compute axis per metric and "pays" (`_compact_target_cells`)."""
+    metrics, tested = family.compared(), family.tests_ratios
+    title = (f"Compute to reach {baseline}'s value at each of its horizons" +
+             ("" if tested else " (reported, not tested)") + ":")
+    if not compact:
+        return [(title, _targets_header(metrics, pct, tested),
+                 [_target_cells(r, point, metrics, family) for r in compared for point in _horizons(r)])]
+    axis = COMPUTE[family.compute]
+    header = ("arm", "horizon", *(f"{get_metric(metric).label} {axis} ratio ({pct} CI)" for metric in metrics),
+              *(("pays",) if tested else ()), "reading")
+    rows = [(r.group, _compact_target_cells(r, point, metrics, family)) for r in compared for point in _horizons(r)]
+    return [(title, None, []), *_grouped(header, rows, header, lift=("reading",))]
+
+
+def render_scaling(fits: Sequence[GroupFit], fmt: str = "table", level: float = 0.95, details: bool = False) -> str:
     """The compute curves under their own heading, as text or Markdown tables ("" without any): per group and
     metric a title (B, seeds, E, how residuals were weighted), each arm's A, α and crossover, M at each
-    horizon, and the held-out check; then the notes."""
+    horizon, and the held-out check; then the notes. Text fits WIDTH columns unless `details`."""
     if not fits:
         return ""
     pct = _pct(level)
@@ -167,7 +228,10 @@ def render_scaling(fits: Sequence[GroupFit], fmt: str = "table", level: float = 
     notes = [SCALING_NOTE.format(baseline=first.baseline, pct=pct, rule=first.rule,
                                  meaning=" ".join((FAILURE_RULES[first.rule].__doc__ or "").split()))]
     notes += list(dict.fromkeys(f"{group_label(*fit.group)}: {note}" for fit in fits for note in fit.notes))
-    return "\n".join(_layout(tables, fmt) + [f"- {line}" if fmt == "markdown" else line for line in notes])
+    if fmt == "markdown":
+        return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in notes])
+    width = None if details else WIDTH
+    return "\n".join(_layout(tables, fmt, width) + wrap_lines(notes, width))
 
 
 VERDICT_TITLE = ("The plan's verdict at B (pays.ratio: compute multiplier): per arm and metric, T1 the paired difference "
@@ -185,28 +249,48 @@ VERDICT_NOTE = (
     "are reported, not tested.")
 
 
-def render_verdicts(verdicts: Sequence[ArmVerdict], fmt: str = "table", family: Family = EXPLORATORY) -> str:
+def render_verdicts(verdicts: Sequence[ArmVerdict], fmt: str = "table", family: Family = EXPLORATORY,
+                    details: bool = False) -> str:
     """The compute-multiplier plan's verdict (`multiplicity.multiplier_verdicts`): one line per arm and planned
     metric with T1 and T2 and their corrected p, the arm's verdict; then per arm its verdict and why, every
-    place its metrics disagree, and the rule. Text or Markdown ("" without verdicts; CSV renders as text)."""
+    place its metrics disagree, and the rule. Text or Markdown ("" without verdicts; CSV renders as text, in
+    full: it goes beside a CSV, to stderr). Text fits WIDTH columns unless `details` (`_verdict_tables`)."""
     if not verdicts:
         return ""
+    width = WIDTH if fmt == "table" and not details else None
     fmt = "table" if fmt == "csv" else fmt
     pct = _pct(1 - family.alpha)
     baseline = verdicts[0].baseline
     header = ("group", "arm", "metric", f"Δ at B ({pct} CI)", "Δ p", "Δ p adj", "T1", "T1 verdict",
               f"M(B) ({pct} CI)", "M p", "M p adj", "T2", "held out", "verdict", "reading")
-    cells = [[group_label(*a.group), a.arm, v.metric, *_t1_cells(v), *_t2_cells(v), v.held_out, a.verdict, a.reading]
-             for a in verdicts for v in a.metrics]
+    rows = [(a.group, [group_label(*a.group), a.arm, v.metric, *_t1_cells(v), *_t2_cells(v), v.held_out, a.verdict,
+                       a.reading]) for a in verdicts for v in a.metrics]
     title = VERDICT_TITLE.format(baseline=baseline, method=family.method, pct=pct)
+    tables = [(title, header, [cells for _, cells in rows])] if width is None else [
+        (title, None, []), *_verdict_tables(header, rows)]
     lines = [f"verdict: {group_label(*a.group)} {a.arm}" + (f" at B = {a.budget:.3g} FLOPs" if a.budget else "")
              + f": {a.verdict}: {a.why}" for a in verdicts]
     lines += [f"disagree: {group_label(*a.group)} {a.arm}: {line}" for a in verdicts for line in a.disagreements]
     metrics = " and ".join(get_metric(m).label for m in (family.metrics or CO_PRIMARY))
     lines.append(VERDICT_NOTE.format(method=family.method, alpha=family.alpha, metrics=metrics, baseline=baseline,
                                      ses=DETECTED_SES))
-    return "\n".join(_layout([(title, header, cells)], fmt) + [f"- {line}" if fmt == "markdown" else line
-                                                                for line in lines])
+    if fmt == "markdown":
+        return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in lines])
+    return "\n".join(_layout(tables, fmt, width) + wrap_lines(lines, width))
+
+
+def _verdict_tables(header: Sequence[str], rows: Sequence[tuple[tuple, list[str]]]) -> list[Table]:
+    """The verdict table in compact text: per group, under its heading, T1's columns in one table and T2's
+    with the held-out check and the arm's verdict in another, since the fifteen together overflow WIDTH."""
+    t1, t2 = header.index("T1 verdict") + 1, header.index("verdict") + 1
+    tables = []
+    for group, cells in _by_group(rows).items():
+        label = _heading(group)
+        tables += [_compact_table(f"{label}: T1, the difference at B", header, cells, ("arm", "metric", *header[3:t1]),
+                                  short=("T1 verdict",)),
+                   _compact_table(f"{label}: T2, M(B), the held-out check and the arm's verdict", header, cells,
+                                  ("arm", "metric", *header[t1:t2], "reading"), lift=("reading",))]
+    return tables
 
 
 def _t1_cells(v: MetricVerdict) -> list[str]:
@@ -323,17 +407,90 @@ def _prediction_cells(prediction: Prediction, label: str) -> list[str]:
             verdict]
 
 
-def _layout(tables: Sequence[Table], fmt: str) -> list[str]:
+def _layout(tables: Sequence[Table], fmt: str, width: int | None = None) -> list[str]:
     """Tables one after another, each under its title, a blank line after each; Markdown puts a title in a
-    paragraph of its own so that it is not read into the table."""
+    paragraph of its own so that it is not read into the table. With a width, text titles wrap and text
+    tables narrow to it (`_text_table`)."""
     lines = []
     for title, header, cells in tables:
-        lines += ([title, ""] if fmt == "markdown" else [title]) if title else []
+        lines += ([title, ""] if fmt == "markdown" else wrap_lines([title], width)) if title else []
         if header is not None:
-            lines += (_markdown_table(header, cells) if fmt == "markdown" else _text_table(header, cells)) + [""]
+            lines += (_markdown_table(header, cells) if fmt == "markdown" else _text_table(header, cells, width)) + [""]
         elif fmt != "markdown":
             lines.append("")
     return lines
+
+
+def wrap_lines(lines: Sequence[str], width: int | None) -> list[str]:
+    """Each line (a note, a 'disagree:' line, a title's every line) on lines of at most `width`, continuations
+    indented two spaces, so that nothing is cut; the lines as they are without a width (--details)."""
+    if width is None:
+        return list(lines)
+    return [part for line in lines for piece in line.split("\n")
+            for part in textwrap.wrap(piece, width, subsequent_indent="  ", break_on_hyphens=False) or [piece]]
+
+
+def _grouped(header: Sequence[str], rows: Sequence[tuple[tuple, list[str]]], keep: Sequence[str],
+             lift: Sequence[str] = (), short: Sequence[str] = ()) -> list[Table]:
+    """Rows of (group, cells) as one compact table per group under its heading (`_compact_table`)."""
+    return [_compact_table(_heading(group), header, cells, keep, lift, short) for group, cells in _by_group(rows).items()]
+
+
+def _by_group(rows: Sequence[tuple[tuple, list[str]]]) -> dict[tuple, list[list[str]]]:
+    """The cells of each group, groups in the order they first appear."""
+    groups: dict[tuple, list[list[str]]] = {}
+    for group, cells in rows:
+        groups.setdefault(group, []).append(cells)
+    return groups
+
+
+def _heading(group: tuple) -> str:
+    """A group's name over its compact tables: `group_label`, less the slashes around fields it lacks."""
+    return group_label(*group).strip("/")
+
+
+def _compact_table(heading: str, header: Sequence[str], cells: list[list[str]], keep: Sequence[str],
+                   lift: Sequence[str] = (), short: Sequence[str] = ()) -> Table:
+    """The columns of `keep` that hold a value in some row, each column of `lift` that holds one value in every
+    row moved into the heading as "(name: value)", and the verdicts of the columns in `short` shortened
+    (`short_verdict`): a table that says, in fewer columns, all that its rows differ in. A suffix on every
+    value of a column (EVAL_SE) moves to its header."""
+    columns = [(name, [row[header.index(name)] for row in cells]) for name in keep]
+    columns = [(name, [short_verdict(v) for v in values] if name in short else values)
+               for name, values in columns if any(values)]
+    uniform = {name for name, values in columns if name in lift and len(set(values)) == 1}
+    said = "; ".join(f"{name}: {values[0]}" for name, values in columns if name in uniform)
+    shown = [_suffix_to_header(name, values) for name, values in columns if name not in uniform]
+    return (f"{heading} ({said})" if said else heading, [name for name, _ in shown],
+            [list(row) for row in zip(*(values for _, values in shown), strict=True)])
+
+
+def _suffix_to_header(name: str, values: list[str]) -> tuple[str, list[str]]:
+    """EVAL_SE once in the header when every value of the column carries it, else on the values."""
+    filled = [value for value in values if value]
+    if not filled or not all(value.endswith(EVAL_SE) for value in filled):
+        return name, values
+    return name + EVAL_SE, [value.removesuffix(EVAL_SE) for value in values]
+
+
+SHORT_VERDICT = (  # (pattern, replacement): a verdict's words in compact text; its figures and explanations are
+    # --details' (the MDE) and the notes'. A verdict none of them matches is kept whole (its column wraps).
+    (r"; an effect larger than \S+ would have been detected", ""),
+    (r"^not tested: no interval from fewer than 2 runs", "not tested (one run a side)"),
+    (r"\|Δ\| is (\S+) combined sampling errors: ", r"|Δ| \1 SE: "),
+    (r", not against seed noise$", " only"),
+    (r"^not detected: \|Δ\| \S+ is under (\S+) combined sampling errors \(\S+\)", r"not detected: |Δ| under \1 SE"),
+    (r"^inconclusive: zero spread over seeds, so no interval width and no p$", "inconclusive: zero spread, no p"),
+)
+
+
+def short_verdict(verdict_: str) -> str:
+    """A difference's verdict with every word that decides it (better, worse, no difference detected after
+    holm (uncorrected: better), not detected, not tested, detected against eval noise only, inconclusive) and
+    without the MDE, which --details prints in its own column."""
+    for pattern, replacement in SHORT_VERDICT:
+        verdict_ = re.sub(pattern, replacement, verdict_)
+    return verdict_
 
 
 def _pct(level: float) -> str:
@@ -341,7 +498,7 @@ def _pct(level: float) -> str:
 
 
 def _comparison_header(pct: str) -> tuple[str, ...]:
-    return ("dataset", "model", "batch", "budget", "arm", "metric", "test", "n", f"Δ ({pct} CI)", "p", "p adj",
+    return (*GROUP_HEAD, "arm", "metric", "test", "n", f"Δ ({pct} CI)", "p", "p adj",
             "MDE", "eval/seed SE", "verdict", "metrics", "reading")
 
 
@@ -349,7 +506,7 @@ def _targets_header(metrics: Sequence[str], pct: str, tested: bool = True) -> tu
     """Compute to target's columns; without the tests' (p adj, verdict, pays, metrics) where ratios are only
     reported (`Family.tests_ratios`)."""
     per_metric = ("target", f"FLOPs ratio ({pct} CI)", f"device-h ratio ({pct} CI)", *(("p adj", "verdict") * tested))
-    return ("dataset", "model", "batch", "budget", "arm", "horizon",
+    return (*GROUP_HEAD, "arm", "horizon",
             *(f"{get_metric(metric).label} {column}" for metric in metrics for column in per_metric),
             *(("pays", "metrics") * tested), "reading")
 
@@ -359,10 +516,33 @@ def _pays_rule(family: Family) -> str:
     return f"the {COMPUTE[family.compute]} ratio pays on every one of {metrics}"
 
 
-def _text_table(header: Sequence[str], cells: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-            for row in [header, ["-" * width for width in widths], *cells]]
+def _text_table(header: Sequence[str], cells: list[list[str]], width: int | None = None) -> list[str]:
+    """Columns two spaces apart, each as wide as its widest cell; with a width, the widest columns narrow
+    (`_fitted`) and a cell longer than its column wraps onto continuation lines of the row, so none is cut."""
+    natural = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    widths = natural if width is None else _fitted(natural, width)
+    return [line for row in [header, ["-" * w for w in widths], *cells] for line in _row_lines(row, widths)]
+
+
+def _row_lines(row: Sequence[str], widths: Sequence[int]) -> list[str]:
+    """One table row: one line, or more where a cell wraps within its column."""
+    parts = [[cell] if len(cell) <= w else textwrap.wrap(cell, w, break_on_hyphens=False) for cell, w in zip(row, widths)]
+    return ["  ".join(part.ljust(w) for part, w in zip(line, widths)).rstrip()
+            for line in itertools.zip_longest(*parts, fillvalue="")]
+
+
+def _fitted(widths: Sequence[int], limit: int, floor: int = 8) -> list[int]:
+    """Column widths whose rows (columns two spaces apart) fit `limit`: the widest column narrows first, to the
+    next widest, then those two together, and so on, none below `floor` (a table of many columns that
+    overflows even then stays wider)."""
+    widths = list(widths)
+    excess = sum(widths) + 2 * (len(widths) - 1) - limit
+    while excess > 0 and max(widths) > floor:
+        i = widths.index(max(widths))
+        cut = min(excess, max(1, widths[i] - max([floor, *widths[:i], *widths[i + 1:]])))
+        widths[i] -= cut
+        excess -= cut
+    return widths
 
 
 def _markdown_table(header: Sequence[str], cells: list[list[str]]) -> list[str]:
@@ -412,14 +592,39 @@ def _target_cells(record: Summary, point: float, metrics: Sequence[str], family:
         planned = t and t.ratios[family.compute]
         tests = [_g(_finite(planned.p_adj) if planned else None), ratio_verdict(planned, family.alpha)] if t else ["", ""]
         cells += ["", "", ""] if t is None else [
-            f"{t.value:.4g}" + ("" if t.repeats is None else f" (= {t.repeats:g})"),
-            *(_ratio(t.ratios[axis]) + pooled_mark(t, axis, metric) for axis in ("train_flops", "gpu_hours"))]
+            f"{t.value:.4g}" + _repeats(t), *(_ratio(t.ratios[axis]) + pooled_mark(t, axis, metric) for axis in COMPUTE)]
         cells += tests if family.tests_ratios else []
+    return [*cells, *_target_tail(record, point, metrics, family)]
+
+
+def _compact_target_cells(record: Summary, point: float, metrics: Sequence[str], family: Family) -> list[str]:
+    """One arm at one baseline horizon in compact text: arm, horizon, per metric the ratio on the plan's
+    compute axis (its bound, the seeds that never reached, the short pooled mark and the horizon a repeated
+    target is), then pays where ratios are tested, and the reading."""
+    tail = _target_tail(record, point, metrics, family)
+    ratios = [_compact_ratio(_target_at(record, metric, point), family.compute, metric) for metric in metrics]
+    return [record.arm, _g(point), *ratios, *(tail[:1] if family.tests_ratios else []), tail[-1]]
+
+
+def _compact_ratio(target: Target | None, axis: str, metric: str) -> str:
+    """A ratio in compact text: `_ratio`, the short pooled mark, and the horizon whose target it repeats."""
+    if target is None:
+        return ""
+    return _ratio(target.ratios[axis]) + pooled_mark(target, axis, metric, short=True) + _repeats(target)
+
+
+def _target_tail(record: Summary, point: float, metrics: Sequence[str], family: Family) -> list[str]:
+    """pays, the metrics' agreement and the reading of one arm at one horizon; where ratios are only reported
+    (`Family.tests_ratios`), "reported, not tested" alone."""
     if not family.tests_ratios:
-        return [*cells, "reported, not tested"]
+        return ["reported, not tested"]
     verdicts = _ratio_verdicts(record, point, metrics, family)
-    return [*cells, family.pays(verdicts), agreement(list(verdicts.values())),
-            _reading(family, list(verdicts), family.compute)]
+    return [family.pays(verdicts), agreement(list(verdicts.values())), _reading(family, list(verdicts), family.compute)]
+
+
+def _repeats(target: Target) -> str:
+    """' (= h)' where the baseline's fit pooled this horizon with horizon h, whose target and ratios these are."""
+    return "" if target.repeats is None else f" (= {target.repeats:g})"
 
 
 def _reading(family: Family, metrics: Sequence[str], compute: str | None = None) -> str:
@@ -445,13 +650,15 @@ def _disagreements(compared: Sequence[Summary], metrics: Sequence[str], family: 
     return lines
 
 
-def pooled_mark(target: Target, axis: str, metric: str) -> str:
+def pooled_mark(target: Target, axis: str, metric: str, short: bool = False) -> str:
     """' (pooled over a rising curve: k/n)' when k of the n seeds' arm runs reach the target only at a point
     their monotone fit pooled over a stretch where the run went the wrong way (`targets.seed_pooled`; "falling"
-    for a metric where higher is better); "" otherwise."""
+    for a metric where higher is better); with `short`, ' †k/n' (POOLED_SHORT_NOTE says the rest); "" otherwise."""
     ratio, k = target.ratios.get(axis), target.pooled.get(axis, 0)
     if not k or ratio is None:
         return ""
+    if short:
+        return f" {POOLED_MARK}{k}/{ratio.n}"
     return f" ({POOLED} {'rising' if get_metric(metric).lower_is_better else 'falling'} curve: {k}/{ratio.n})"
 
 
@@ -490,7 +697,7 @@ def table_header() -> tuple[str, ...]:
 def _table_cells(record: Summary, sources: list[str]) -> list[str]:
     """Display strings of one record, in `table_header` order."""
     def cells(metric: str) -> list[str]:
-        value = _pm(record.metrics[metric]) + (" (eval SE)" if metric in record.eval_only else "")
+        value = _pm(record.metrics[metric]) + (EVAL_SE if metric in record.eval_only else "")
         features = get_metric(metric).features
         return [value, getattr(record, features) or ""] if features else [value]
 
