@@ -77,7 +77,7 @@ def print_plan(cfg) -> int:
     """--dry-run: check what the run needs and print its plan; bad input raises UserError (exit 2)."""
     import os
 
-    from maskbench.runs.launch import dry_run
+    from maskbench.runs.plan import dry_run
 
     print("\n".join(dry_run(cfg, n_processes=int(os.environ.get("WORLD_SIZE", "1")))))
     return 0

@@ -22,7 +22,8 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.presets import PRESETS
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.results.leaderboard import read_rows
-from maskbench.runs.launch import load_source, train
+from maskbench.runs.launch import train
+from maskbench.runs.source import load_source
 from maskbench.train.checkpoint import RunDir
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
 from maskbench.train.schedule import make_schedule
@@ -190,8 +191,9 @@ def test_the_frozen_stage_keeps_the_source_weights_outside_the_skips(tmp_path, s
 def test_continuing_the_source_loads_every_weight_and_names_the_source(tmp_path, synth_root, source):
     overrides = tiny_overrides(tmp_path, synth_root, "arm=mask0", f"init_from={source}", "init_weights=raw")
     cfg = load_config(overrides)
-    model = build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data, create=False))
-    load_source(cfg).load(model)
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    model = build_model(cfg.model, data)
+    load_source(cfg, data).load(model)
     raw = RunDir.raw_weights(RunDir(source).point_checkpoint(1.0))
     assert all(torch.equal(p, raw[k]) for k, p in model.state_dict().items())
     assert run_id(cfg) != run_id(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0")))
@@ -206,8 +208,9 @@ def test_continuing_the_source_loads_every_weight_and_names_the_source(tmp_path,
 ])
 def test_a_source_that_does_not_fit_is_refused(tmp_path, synth_root, source, extra, message):
     overrides = [f"init_from={source}", *[e.format(source=source) for e in extra]]
+    cfg = load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", *overrides))
     with pytest.raises(ConfigError, match=message):
-        load_source(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", *overrides)))
+        load_source(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False))
 
 
 def test_skips_only_phases_and_rules_need_what_they_use(tmp_path, synth_root):

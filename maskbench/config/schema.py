@@ -183,10 +183,10 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
-    seed: int = 0
-    # RUN_DIR or RUN_DIR@POINT: start from another run's weights (`maskbench.runs.launch.load_source`). The
-    # source's FLOPs are not part of this run's budget; its run id names this run (config_hash).
-    init_from: Optional[str] = None          # RUN_DIR or RUN_DIR@POINT: start from that run's weights (see above)
+    seed: int = 0  # the run's seed: arms of one seed share initial weights, batches, t, dropout and noise
+    init_from: Optional[str] = None          # RUN_DIR or RUN_DIR@POINT: start from that run's weights
+    # (`maskbench.runs.source.load_source`); the source's FLOPs are not part of this run's budget, and its run id
+    # names this run (config_hash).
     init_weights: InitWeights = InitWeights.ema  # which weights of the init_from source: ema or raw
 
 

@@ -100,20 +100,27 @@ def resolve_mix(cfg: DataConfig) -> DatasetInfo:
     return replace(infos[0], name=cfg.name, mix=mix, synthetic=all(info.synthetic for info in infos))
 
 
+def generate_synth(cfg: DataConfig, data_root: str | Path) -> None:
+    """Write the synth scenes a config names if they are not there yet; nothing for shards on disk or a mix.
+
+    Apart from `resolve_dataset` so that a run plans on the data's description (`create=False`) and generates
+    it only once the plan holds, without resolving twice."""
+    if cfg.path is None and not cfg.mix and cfg.name == "synth":
+        from maskbench.data.synth import write_synth
+        write_synth(synth_dir(cfg, data_root), n_train=cfg.n_train, n_val=cfg.n_val, seed=cfg.seed,
+                    image_size=cfg.image_size, min_objects=cfg.min_objects, max_objects=cfg.max_objects)
+
+
 def resolve_dataset(cfg: DataConfig, data_root: str | Path, create: bool = True) -> DatasetInfo:
-    """Locate (and, for synth, generate on first use) the train/val shards of a data config."""
+    """Locate (and, for synth, generate on first use unless `create` is off) the train/val shards of a data
+    config. Synth data not generated is described from its config: what it will be once `generate_synth` runs."""
     if cfg.mix:
         return resolve_mix(cfg)
     if cfg.path is None and cfg.name != "synth":
         raise ConfigError(f"data {cfg.name!r} needs data.path=DIR (a folder with train/ and val/ shards)")
-    if cfg.path is None:
-        root = synth_dir(cfg, data_root)
-        if create:
-            from maskbench.data.synth import write_synth
-            write_synth(root, n_train=cfg.n_train, n_val=cfg.n_val, seed=cfg.seed, image_size=cfg.image_size,
-                        min_objects=cfg.min_objects, max_objects=cfg.max_objects)
-    else:
-        root = Path(cfg.path)
+    if create:
+        generate_synth(cfg, data_root)
+    root = synth_dir(cfg, data_root) if cfg.path is None else Path(cfg.path)
     train_dir, val_dir = root / "train", root / "val"
     if cfg.path is None and not create:
         return DatasetInfo(cfg.name, train_dir, val_dir, cfg.image_size, cfg.channels, False, 0, 0, synthetic=True)

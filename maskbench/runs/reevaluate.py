@@ -16,7 +16,7 @@ from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs
 from maskbench.models.build import build_model
-from maskbench.runs.launch import leaderboard_row, record_point
+from maskbench.runs.record import leaderboard_row, record_point
 from maskbench.train.checkpoint import RunDir, TrainState
 
 

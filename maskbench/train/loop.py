@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from maskbench.config import RunConfig, Trainable, demote_routes, run_id, to_dict
-from maskbench.data.dataset import DatasetInfo, resolve_dataset
+from maskbench.data.dataset import DatasetInfo, generate_synth, resolve_dataset
 from maskbench.data.loader import ShardLoader, auto_workers, make_loader, worker_counts
 from maskbench.errors import ConfigError
 from maskbench.files import write_atomic
@@ -132,10 +132,11 @@ def preemption_handler(trainer: Trainer) -> Iterator[None]:
 class Trainer:
     def __init__(self, cfg: RunConfig, accelerator: Accelerator | None = None,
                  on_point: Callable[[Trainer, float], None] | None = None, start: Start | None = None,
-                 validation: Callable[[Trainer, nn.Module], float] | None = None):
+                 validation: Callable[[Trainer, nn.Module], float] | None = None, data: DatasetInfo | None = None):
         """on_point(trainer, point) runs on every rank after an eval point's checkpoint (None: checkpoints only).
         start: the init_from source; validation(trainer, model): the fixed-t validation loss a
-        `val_loss_within` rule checks (evaluation lives above training, so it is handed in)."""
+        `val_loss_within` rule checks (evaluation lives above training, so it is handed in); data: the run's
+        data as the caller resolved it (`resolve_dataset(create=False)`), resolved here when not given."""
         self.cfg, self.on_point, self.start, self.validation = cfg, on_point, start, validation
         self.accelerator = accelerator or make_accelerator(cfg)
         self.n_streams = self.accelerator.num_processes * cfg.train.grad_accum
@@ -143,11 +144,11 @@ class Trainer:
                 validation is None or start is None or start.val_loss is None):
             raise ConfigError("until.val_loss_within needs the source run's validation loss at its point "
                               "(an init_from source evaluated there)")
-        _, self.schedule = plan_run(cfg, self.accelerator.num_processes)
+        self.data, self.schedule = plan_run(cfg, self.accelerator.num_processes, data)
         self.num_workers = loader_workers(cfg.data.num_workers, cfg.train.grad_accum)
         self.routes = demote_routes(cfg.train)  # a route's ratio missing from latent shards is refused by the plan
         with self.accelerator.main_process_first():  # rank 0 generates missing synth data, the others read it
-            self.data = resolve_dataset(cfg.data, cfg.paths.data)
+            generate_synth(cfg.data, cfg.paths.data)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
         self.branch: Horizon | None = None  # the cooled horizon being trained, if any (`horizons.run_branch`)
@@ -490,14 +491,15 @@ class Trainer:
         self.state.eval_seconds += time.perf_counter() - tick
 
 
-def plan_run(cfg: RunConfig, n_processes: int) -> tuple[DatasetInfo, Schedule]:
-    """The data a run will read (not generated yet if synth) and its schedule, after every check that
-    needs no data: a budget too small for one step is refused before any data is generated."""
+def plan_run(cfg: RunConfig, n_processes: int, data: DatasetInfo | None = None) -> tuple[DatasetInfo, Schedule]:
+    """The data a run will read (not generated yet if synth; `data` when the caller resolved it already) and
+    its schedule, after every check that needs no data: a budget too small for one step is refused before any
+    data is generated."""
     n_streams = n_processes * cfg.train.grad_accum
     if cfg.train.batch_size % n_streams:
         raise ConfigError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
                           f"train.grad_accum = {n_streams}")
-    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    data = data or resolve_dataset(cfg.data, cfg.paths.data, create=False)
     try:
         check_model(cfg.model, data.image_size)  # latent data's size is known only here
     except ValueError as err:
