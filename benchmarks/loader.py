@@ -39,6 +39,7 @@ import webdataset as wds
 from PIL import Image
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
+from maskbench.config.presets import PRESETS
 from maskbench.data.encode import LATENT_DTYPE
 from maskbench.data.loader import make_loader
 from maskbench.data.pack import commit_unit, merge_parts
@@ -53,7 +54,6 @@ from maskbench.data.shards import (
 )
 from maskbench.data.synth import caption, render, sample_scene, write_synth
 from maskbench.manifest import read_manifest
-from maskbench.models.presets import PRESETS
 from maskbench.train.flops import train_step_flops
 from maskbench.train.mfu import table_peak
 

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
+from maskbench.config.presets import PRESETS, ModelConfig
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate, velocity_loss
-from maskbench.models.presets import PRESETS, ModelConfig
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.train.flops import train_step_flops
 from maskbench.train.mfu import device_peak

@@ -22,8 +22,8 @@ from maskbench.config import (
     load_config,
     shipped_arm,
 )
+from maskbench.config.presets import PRESETS
 from maskbench.errors import ConfigError, UserError
-from maskbench.models.presets import PRESETS
 from maskbench.weights import add_weights, weights_folder
 
 EXAMPLES = """examples:

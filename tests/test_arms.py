@@ -11,6 +11,7 @@ import torch
 from maskbench.cli import main
 from maskbench.config import DemoteRoute, load_config, run_id
 from maskbench.config.identity import HASHED_WHEN_SET
+from maskbench.config.presets import ModelConfig, decoder_width
 from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.models import objective
@@ -18,7 +19,6 @@ from maskbench.models.dit import DiT
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import downscale, flow_loss, in_window, interpolate, mae_target, windowed_flow_loss
-from maskbench.models.presets import ModelConfig, decoder_width
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
 from maskbench.train.diagnostics import BlockNorms, named_blocks

@@ -17,12 +17,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from maskbench.config import DemoteRoute
+from maskbench.config.presets import ModelConfig
 from maskbench.models import kernels
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import route_choice, windowed_flow_loss
-from maskbench.models.presets import ModelConfig
 from maskbench.train import loop
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.loop import Trainer

@@ -13,13 +13,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.config import Until, config_hash, load_config, run_id
+from maskbench.config.presets import PRESETS
 from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.presets import PRESETS
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train

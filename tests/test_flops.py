@@ -10,10 +10,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.config import Phase
+from maskbench.config.presets import PRESETS, ModelConfig
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.presets import PRESETS, ModelConfig
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.train.flops import decoder_step_flops, train_step_flops
 from maskbench.train.schedule import plan_phases

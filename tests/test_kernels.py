@@ -19,11 +19,11 @@ import pytest
 import torch
 from torch import nn
 
+from maskbench.config.presets import ModelConfig
 from maskbench.models import kernels
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.kernels import gather_tokens, scatter_tokens
-from maskbench.models.presets import ModelConfig
 
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 

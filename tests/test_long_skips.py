@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from maskbench.config import load_config
+from maskbench.config.presets import PRESETS, ModelConfig
 from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT, LongSkipFusion, SkipGate, long_skip_pairs, skip_scales
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
-from maskbench.models.presets import PRESETS, ModelConfig
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
 from tests.conftest import randomized, tiny_overrides

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
+from maskbench.config.presets import PRESETS, ModelConfig, tiny
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import keep_count, random_keep_idx
-from maskbench.models.presets import PRESETS, ModelConfig, tiny
 from maskbench.models.text import SynthTextEncoder
 
 IMAGE, CHANNELS, BATCH = 16, 3, 3  # 4×4 token grid at patch 4

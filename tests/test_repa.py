@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.config import load_config
+from maskbench.config.presets import ModelConfig, decoder_width
 from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
 from maskbench.eval import oracle
@@ -24,7 +25,6 @@ from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
-from maskbench.models.presets import ModelConfig, decoder_width
 from maskbench.models.text import SynthTextEncoder
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
@@ -156,7 +156,7 @@ def test_projector_and_encoder_flops_match_the_flop_counter(mixer_depth: int, de
 
 @pytest.mark.parametrize("depth", [2, 3])
 def test_a_narrow_maskdit_decoder_block_is_aligned_and_counted_at_its_own_width(depth: int) -> None:
-    """MaskDiT's decoder runs narrower than the model (models/presets.py decoder_width): the projector reads the
+    """MaskDiT's decoder runs narrower than the model (config/presets.py decoder_width): the projector reads the
     aligned block's width, and its FLOPs (what the alignment adds to a step, against FlopCounterMode) follow."""
     model = randomized(_model(depth=2, decoder_depth=1), std=0.05)
     width = repa.aligned_width(model.cfg, depth)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from maskbench.config import load_config
+from maskbench.config.presets import ModelConfig
 from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
-from maskbench.models.presets import ModelConfig
 from maskbench.models.text import SynthTextEncoder
 from tests.conftest import randomized
 

@@ -11,13 +11,13 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.config import load_config
+from maskbench.config.presets import PRESETS, ModelConfig, check_model, route_span
 from maskbench.eval.sample import euler_sample
 from maskbench.models import dit as dit_module
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import keep_count, random_keep_idx
 from maskbench.models.objective import flow_loss, interpolate
-from maskbench.models.presets import PRESETS, ModelConfig, check_model, route_span
 from maskbench.models.routing import draw_route, run_routed
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.runs.launch import train

@@ -3,7 +3,7 @@
 
 Hydra's compose API (not `@hydra.main`) is used so the CLI keeps its own subcommands and so every bad
 input becomes one clear line and exit code 2 *before* any work starts (`ConfigError`). Model presets are
-the one-line functions in `maskbench.models.presets`, registered as the `model` group.
+the one-line functions in `maskbench.config.presets`, registered as the `model` group.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from maskbench.config.presets import PRESETS, ModelConfig, maskdit_decoder
 from maskbench.config.schema import CONF_DIR, CONFIG_GROUPS, ArmConfig, DataConfig, EvalConfig, RunConfig
 from maskbench.config.validate import validate
 from maskbench.errors import ConfigError
 from maskbench.manifest import read_manifest
-from maskbench.models.presets import PRESETS, ModelConfig, maskdit_decoder
 from maskbench.weights import REGISTRY, WeightFile, weights_folder
 
 

@@ -13,9 +13,9 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from maskbench.config.presets import decoder_width, maskdit_decoder
 from maskbench.config.schema import ArmConfig, DataConfig, Phase, RunConfig, Trainable, Until
 from maskbench.errors import ConfigError
-from maskbench.models.presets import decoder_width, maskdit_decoder
 
 # Fields added after the first results landed: hashed only when set, so runs that do not use them keep
 # their names (and resume) across upgrades.

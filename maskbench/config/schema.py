@@ -11,7 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Optional
 
-from maskbench.models.presets import ModelConfig
+from maskbench.config.presets import ModelConfig
 
 CONF_DIR = Path(__file__).parent.parent / "conf"  # maskbench/conf
 CONFIG_GROUPS = ("model", "data", "eval")  # Hydra groups a `key=option` override picks (arm is read apart)

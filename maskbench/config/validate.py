@@ -10,10 +10,10 @@ import math
 from pathlib import Path
 
 from maskbench.config.identity import split_source
+from maskbench.config.presets import LEARNED_SKIP_SCALES, LongSkipKind, check_model
 from maskbench.config.schema import LRSchedule, Phase, RunConfig, Trainable, TrainConfig, demote_routes
 from maskbench.config.techniques import refuse_exclusive, techniques_of
 from maskbench.errors import ConfigError
-from maskbench.models.presets import LEARNED_SKIP_SCALES, LongSkipKind, check_model
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # what each train.log_with tracker imports
 

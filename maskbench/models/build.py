@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import torch
 
+from maskbench.config.presets import ModelConfig
 from maskbench.data.dataset import DatasetInfo
 from maskbench.models.dit import DiT
-from maskbench.models.presets import ModelConfig
 from maskbench.models.text import SynthTextEncoder, with_token_ids
 
 

@@ -30,10 +30,7 @@ from timm.layers import Attention, Mlp, PatchEmbed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
-from maskbench.models.inputs import FULL, StepInputs
-from maskbench.models.kernels import gather_tokens, scatter_tokens
-from maskbench.models.masking import host_to_device
-from maskbench.models.presets import (
+from maskbench.config.presets import (
     SKIP_GATE_REDUCTION,
     LongSkipKind,
     ModelConfig,
@@ -43,6 +40,9 @@ from maskbench.models.presets import (
     decoder_width,
     maskdit_decoder,
 )
+from maskbench.models.inputs import FULL, StepInputs
+from maskbench.models.kernels import gather_tokens, scatter_tokens
+from maskbench.models.masking import host_to_device
 from maskbench.models.routing import run_routed
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from maskbench.config.presets import ModelConfig, route_span
 from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.presets import ModelConfig, route_span
 
 
 def draw_route(cfg: ModelConfig, batch: int, seq_len: int, keep_idx: torch.Tensor | None,

@@ -51,6 +51,7 @@ import yaml
 from tqdm import tqdm
 
 from maskbench.config import RunConfig, load_run_config
+from maskbench.config.presets import LEARNED_SKIP_SCALES, ModelConfig
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.data.demote import ratio_key
 from maskbench.data.encode import vae_latents
@@ -62,7 +63,6 @@ from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import demote, flow_loss
-from maskbench.models.presets import LEARNED_SKIP_SCALES, ModelConfig
 from maskbench.results.estimators import debiased_cosine, jackknife_se
 from maskbench.train.checkpoint import RunDir
 from maskbench.train.switch import flat_grad

@@ -9,11 +9,11 @@ import dataclasses
 import torch
 
 from maskbench.config import RunConfig, load_run_config, split_source, to_dict
+from maskbench.config.presets import ModelConfig
 from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
-from maskbench.models.presets import ModelConfig
 from maskbench.train.checkpoint import RunDir
 from maskbench.train.loop import Start
 from maskbench.train.switch import watches_val_loss

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from maskbench.models.dit import TIMESTEP_FREQ_DIM, long_skip_pairs
-from maskbench.models.masking import keep_count
-from maskbench.models.presets import (
+from maskbench.config.presets import (
     LEARNED_SKIP_SCALES,
     SKIP_GATE_REDUCTION,
     LongSkipKind,
@@ -28,6 +26,8 @@ from maskbench.models.presets import (
     maskdit_decoder,
     route_span,
 )
+from maskbench.models.dit import TIMESTEP_FREQ_DIM, long_skip_pairs
+from maskbench.models.masking import keep_count
 from maskbench.models.text import MLP_RATIO as TEXT_MLP_RATIO
 
 

@@ -43,6 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from maskbench.config import RunConfig, Trainable, demote_routes, run_id, to_dict
+from maskbench.config.presets import check_model
 from maskbench.data.dataset import DatasetInfo, generate_synth, resolve_dataset
 from maskbench.data.loader import ShardLoader, auto_workers, make_loader, worker_counts
 from maskbench.errors import ConfigError
@@ -52,7 +53,6 @@ from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import host_to_device, random_keep_idx
 from maskbench.models.objective import sample_t, windowed_flow_loss
-from maskbench.models.presets import check_model
 from maskbench.models.routing import draw_route
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms

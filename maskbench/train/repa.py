@@ -45,12 +45,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from maskbench.config import RunConfig
+from maskbench.config.presets import ModelConfig, decoder_width
 from maskbench.data import synth
 from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT
 from maskbench.models.kernels import gather_tokens
-from maskbench.models.presets import ModelConfig, decoder_width
 from maskbench.train import flops
 from maskbench.weights import REGISTRY, weights_folder
 
