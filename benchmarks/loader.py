@@ -64,7 +64,7 @@ TRAIN_BATCH = 64  # the default run's global batch, consumed once per --step-sec
 SHARD_SIZE = 500
 JPEG_SIZE, JPEG_QUALITY = 256, 90
 LATENT_SHAPE, TEXT_SHAPE = (4, 32, 32), (77, 1024)  # C×h×w of a 256 px image through an f8 VAE; T×D of ViT-H-14
-PACKER_VERSION = "bench-loader-v1"
+BENCH_VERSION = "bench-loader-v1"
 
 
 # ----------------------------------------------------------------------------- data
@@ -100,7 +100,7 @@ def write_jpeg_shards(out_dir: Path, n: int, seed: int = 0) -> Path:
         return out_dir
     rng = np.random.default_rng(seed)
     textures = _textures(rng)
-    with CanonicalShardWriter(out_dir, source="bench-jpeg", packer_version=PACKER_VERSION, filters=params,
+    with CanonicalShardWriter(out_dir, source="bench-jpeg", packer_version=BENCH_VERSION, filters=params,
                               maxcount=SHARD_SIZE) as writer:
         for index in range(n):
             scene = sample_scene(rng)
@@ -133,7 +133,7 @@ def write_latent_shards(out_dir: Path, n: int, seed: int = 0) -> Path:
     latent = {"vae": "random", "scaling_factor": 1.0, "shift_factor": 0.0, "resolution": JPEG_SIZE,
               "channels": LATENT_SHAPE[0], "size": LATENT_SHAPE[1], "text_model": "ViT-H-14", "text_weights": None,
               "text_len": TEXT_SHAPE[0], "text_dim": TEXT_SHAPE[1], "dtype": np.dtype(LATENT_DTYPE).name}
-    header = {"source": "bench-latent", "packer_version": PACKER_VERSION, "filters": params, "latent": latent}
+    header = {"source": "bench-latent", "packer_version": BENCH_VERSION, "filters": params, "latent": latent}
     rng = np.random.default_rng(seed)
     for shard, start in enumerate(range(0, n, SHARD_SIZE)):
         stem = f"shard-{shard:06d}"

@@ -119,7 +119,7 @@ def test_roundtrip_gap_is_subtracted_from_demotion_routes_only() -> None:
     off = 0.9 * u + math.sqrt(1 - 0.81) * v
     means = np.stack([u, off, off, off])                                         # full, demote, mask, roundtrip
     stack = torch.from_numpy(means + 0.02 * rng.standard_normal((12, 4, DIM))).float()
-    routes = (gradfid.demote_route(0.75), gradfid.Route("mask50", 0.5), gradfid.ROUNDTRIP)
+    routes = (gradfid.demote_route(0.75), gradfid.ProbeRoute("mask50", 0.5), gradfid.ROUNDTRIP)
     demoted, masked, _ = gradfid.bin_rows(stack, np.zeros(3), routes, (0.0, 1.0), 12, 1)
     assert abs(demoted["gap"]) < 0.01 and masked["gap"] == pytest.approx(0.1, abs=0.01)
 
@@ -208,7 +208,7 @@ def test_probe_writes_map_of_every_route_and_bin(run_dir, capsys):
 
 def test_probe_is_deterministic_and_pairs_routes_with_the_full_gradient(run_dir, monkeypatch):
     """Same seed, same rows; a 'route' that keeps every token sees the same x0/noise/t, so its cosine is 1."""
-    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.Route("mask0", 0.0),))
+    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.ProbeRoute("mask0", 0.0),))
     rows = probe_gradfid(run_dir, bins=1, batches=3, batch_size=4)
     assert [r["route"] for r in rows] == ["mask0", "down2", "native2"]
     assert rows[0]["cosine"] == pytest.approx(1.0) and rows[0]["naive_cosine"] == pytest.approx(1.0)
@@ -236,7 +236,7 @@ def test_a_learned_gate_run_is_probed_on_its_native_grid_only(tmp_path, synth_ro
 
 def test_a_memory_cap_sums_batches_into_groups(run_dir, monkeypatch):
     """Under a cap that holds 3 gradient stacks, 6 batches go into 3 groups; the per-batch cosine is unchanged."""
-    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.Route("mask0", 0.0), gradfid.Route("mask75", 0.75)))
+    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.ProbeRoute("mask0", 0.0), gradfid.ProbeRoute("mask75", 0.75)))
     free = probe_gradfid(run_dir, bins=1, batches=6, batch_size=4)
     params = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[0])["params"]
     stack_gb = 5 * params * 4 / 1e9                                               # full + 4 routes, fp32

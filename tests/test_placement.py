@@ -82,7 +82,7 @@ def test_every_arms_step_keeps_its_tensors_on_the_models_device(tmp_path, synth_
                       StandInDeviceAccelerator(cpu=True))  # a budget with a step in every arm's every phase
     trainer.setup()
     batch = next(iter(trainer.make_loaders()[0]))
-    batch["demoted"] = {ratio_key(r.ratio): F.avg_pool2d(batch["image"], 2) for r in trainer.routes}  # host, as loaded
+    batch["demoted"] = {ratio_key(r.ratio): F.avg_pool2d(batch["image"], 2) for r in trainer.demote_routes}  # host, as loaded
     for phase in trainer.schedule.phases:
         with MixedDevices() as record:
             loss, digest = trainer.stream_loss(batch, phase, stream=0, step=phase.start)

@@ -18,7 +18,7 @@ from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import keep_count, random_keep_idx
 from maskbench.models.objective import flow_loss, interpolate
-from maskbench.models.routing import draw_route, run_routed
+from maskbench.models.routing import draw_token_route, run_routed
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.runs.launch import train
 from maskbench.train.flops import train_step_flops
@@ -114,7 +114,7 @@ def test_routed_forward_matches_a_per_sample_reference_loop(mask_ratio: float) -
     x0, noise, t, ids, mask = _inputs(model)
     x_t = interpolate(x0, noise, t)
     keep_idx = random_keep_idx(B, model.seq_len, mask_ratio, generator=torch.Generator().manual_seed(1))
-    span_idx = draw_route(model.cfg, B, model.seq_len, keep_idx, torch.Generator().manual_seed(2))
+    span_idx = draw_token_route(model.cfg, B, model.seq_len, keep_idx, torch.Generator().manual_seed(2))
     seen = {}
     hook = model.blocks[0].register_forward_pre_hook(lambda module, args: seen.update(args=args))  # backbone input
     with torch.no_grad():
@@ -131,7 +131,7 @@ def test_routed_forward_matches_a_per_sample_reference_loop(mask_ratio: float) -
 def test_the_loss_reads_every_token_of_a_routed_step() -> None:
     model = randomized(_model(depth=4, route_ratio=0.5), std=0.1)
     x0, noise, t, ids, mask = _inputs(model)
-    span_idx = draw_route(model.cfg, B, model.seq_len, None, torch.Generator().manual_seed(2))
+    span_idx = draw_token_route(model.cfg, B, model.seq_len, None, torch.Generator().manual_seed(2))
     pred = model(interpolate(x0, noise, t), t, ids, mask, inputs=StepInputs(span_idx=span_idx))            # B×L×P
     assert pred.shape[1] == model.seq_len
     hand = ((pred - model.patchify(noise - x0)) ** 2).mean()
@@ -154,7 +154,7 @@ def test_the_route_is_drawn_over_the_tokens_the_mask_kept() -> None:
     cfg = ModelConfig(route_ratio=0.5)
     gen = torch.Generator().manual_seed(0)
     keep_idx = random_keep_idx(B, 64, 0.75, generator=gen)                                          # B×16
-    span_idx = draw_route(cfg, B, 64, keep_idx, gen)                                                # B×8
+    span_idx = draw_token_route(cfg, B, 64, keep_idx, gen)                                                # B×8
     assert span_idx.shape == (B, 8) and span_idx.max() < 16
     assert torch.equal(span_idx, span_idx.sort(dim=1).values)
     assert all(len(set(row)) == 8 for row in span_idx.tolist())
@@ -164,7 +164,7 @@ def test_an_arm_without_a_route_leaves_the_mask_stream_where_it_was() -> None:
     """So every existing arm's masks are drawn exactly as before routing existed."""
     gen = torch.Generator().manual_seed(0)
     state = gen.get_state()
-    assert draw_route(ModelConfig(), B, 64, None, gen) is None
+    assert draw_token_route(ModelConfig(), B, 64, None, gen) is None
     assert torch.equal(gen.get_state(), state)
 
 
@@ -179,7 +179,7 @@ def _routed_flops(cfg: ModelConfig, mask_ratio: float) -> int:
                    else torch.randn(batch, s["context_len"], s["context_dim"]))
         x = torch.randn(batch, s["in_channels"], s["image_size"], s["image_size"])
         keep_idx = random_keep_idx(batch, model.seq_len, mask_ratio)
-        span_idx = draw_route(cfg, batch, model.seq_len, keep_idx)
+        span_idx = draw_token_route(cfg, batch, model.seq_len, keep_idx)
         with FlopCounterMode(display=False) as counter:
             model(x, torch.rand(batch), context, torch.ones(batch, s["context_len"], dtype=torch.bool),
                   torch.tensor([True, False]), StepInputs(keep_idx, span_idx)).square().mean().backward()

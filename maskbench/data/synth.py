@@ -43,7 +43,7 @@ JITTER_FRACTION = 2 / 16  # ±2 px in a 16 px cell
 BRIGHTNESS_RANGE = (0.85, 1.0)  # a small per-object brightness jitter, so colours are not one exact value
 NO_LABEL = -100  # colour/size label of an empty cell: torch's cross_entropy ignore_index by default
 
-PACKER_VERSION = "synth-v1"
+SYNTH_VERSION = "synth-v1"
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def _write_split(
 ) -> None:
     """Draw, render and write `n` samples of one split from its own RNG stream."""
     with CanonicalShardWriter(
-        out_dir, source="synth", packer_version=PACKER_VERSION, filters=params, maxcount=shard_size
+        out_dir, source="synth", packer_version=SYNTH_VERSION, filters=params, maxcount=shard_size
     ) as writer:
         for index in range(n):
             scene = sample_scene(rng, params["min_objects"], params["max_objects"])
@@ -194,7 +194,7 @@ def _is_complete(out_dir: Path, expected: dict[str, dict]) -> bool:
             manifest = read_manifest(out_dir / split)
         except ValueError:
             return False
-        if manifest["packer_version"] != PACKER_VERSION or manifest["filters"] != params:
+        if manifest["packer_version"] != SYNTH_VERSION or manifest["filters"] != params:
             return False
     return True
 
@@ -252,7 +252,7 @@ def renderer_params() -> dict:
     """Everything about the renderer that a network trained on its scenes depends on (the oracle, REPA's synth
     encoder); stored with their weights and checked on load."""
     return {
-        "packer_version": PACKER_VERSION,
+        "packer_version": SYNTH_VERSION,
         "image_size": ORACLE_IMAGE_SIZE,
         "shapes": list(SHAPES),
         "colours": list(COLOURS),

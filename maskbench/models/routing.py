@@ -27,7 +27,7 @@ from maskbench.models.kernels import gather_tokens
 from maskbench.models.masking import random_keep_idx
 
 
-def draw_route(cfg: ModelConfig, batch: int, seq_len: int, keep_idx: torch.Tensor | None,
+def draw_token_route(cfg: ModelConfig, batch: int, seq_len: int, keep_idx: torch.Tensor | None,
                generator: torch.Generator | None = None,
                device: torch.device | str | None = None) -> torch.Tensor | None:
     """B×R sorted `span_idx`, independently random per sample; None when the model routes nothing (no draw).

@@ -62,7 +62,7 @@ def _rows(root: Path, path: str) -> tuple[Row, ...]:
 
 
 @dataclass(frozen=True)
-class Study:
+class StudyTables:
     """One CSV read as the leaderboard reads it: its rows, its plan's family and the corrected summary."""
     rows: tuple[Row, ...]
     family: Family
@@ -71,17 +71,17 @@ class Study:
 
 
 @functools.cache
-def _study(root: Path, path: str) -> Study:
+def _study(root: Path, path: str) -> StudyTables:
     """The rows of `path` summarised under the plan beside it (none: exploratory). Arms of other sizes than the
     baseline are compared (`--allow-size-mismatch`): these tables show the rows as they were read, with each
     arm's parameter count where it differs, so that the reader sees the confound."""
     rows = _rows(root, path)
     found, baseline, family = applied_plan(list(rows), [str(root / path)], None, None)
     analysis = analyse_rows(list(rows), found, baseline, family, fits=False, size_tolerance=None)
-    return Study(rows, family, analysis.summary, analysis.tests)
+    return StudyTables(rows, family, analysis.summary, analysis.tests)
 
 
-def _records(study: Study, model: str, budget: float, started: bool = False) -> dict[str, Summary]:
+def _records(study: StudyTables, model: str, budget: float, started: bool = False) -> dict[str, Summary]:
     """Each arm's record at its final point in one (model, budget) group; from scratch unless `started`."""
     found = [r for r in study.summary if r.model == model and r.budget_flops == budget and not r.is_reference
              and bool(r.started_from) == started]

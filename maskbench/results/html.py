@@ -52,7 +52,7 @@ GOOD, BAD = frozenset({"better", "pays"}), frozenset({"worse", "does not pay"})
 
 
 @dataclass
-class Study:
+class StudyPage:
     """A study's rows and what `maskbench leaderboard` makes of them."""
     name: str
     paths: list[str]
@@ -73,7 +73,7 @@ class Study:
 
 
 def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | None, on_error: str,
-            size_tolerance: float | None = SIZE_TOLERANCE) -> Study:
+            size_tolerance: float | None = SIZE_TOLERANCE) -> StudyPage:
     """The rows, plan, family, corrected summary, compute curves and verdicts, found as
     `report.leaderboard_main` finds them (`report.analyse_rows`)."""
     rows = read_rows(paths, on_error)
@@ -82,7 +82,7 @@ def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | N
     found, baseline, family = applied_plan(rows, paths, plan, baseline)
     analysis = analyse_rows(rows, found, baseline, family, size_tolerance=size_tolerance)
     plan_line = found.describe(rows, analysis.tests) if found else NO_PLAN
-    return Study(name, list(paths), rows, plan_line, family, baseline, analysis.summary, analysis.fits,
+    return StudyPage(name, list(paths), rows, plan_line, family, baseline, analysis.summary, analysis.fits,
                  analysis.verdicts)
 
 
@@ -112,7 +112,7 @@ def html_main(paths: Sequence[str], out_dir: str, runs: str | None, plan: str | 
     return 0
 
 
-def study_page(study: Study, runs: Path) -> str:
+def study_page(study: StudyPage, runs: Path) -> str:
     """The whole page of one study, as one string of HTML."""
     title = f"maskbench study: {study.name}"
     head = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{escape(title)}</title>\n"
@@ -132,7 +132,7 @@ def study_page(study: Study, runs: Path) -> str:
     return "".join(parts)
 
 
-def fits_html(study: Study) -> str:
+def fits_html(study: StudyPage) -> str:
     """The compute curves block (`tables.render_scaling`, as the text report prints it) and their fits drawn
     (`plots.plot_fits`)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,7 +171,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<div class=\"scroll\"><table>\n<tr>{head}</tr>\n{body}</table></div>\n"
 
 
-def curves_html(study: Study) -> str:
+def curves_html(study: StudyPage) -> str:
     """Per group, its curves (`plots.group_curves`) at the plan's confidence level."""
     pngs = plots.group_curves(study.summary, level=1 - study.family.alpha)
     if not pngs:
@@ -206,7 +206,7 @@ def final_grids(rows: Sequence[Row], runs: Path, baseline: str) -> dict[tuple, l
     return grids
 
 
-def grids_html(study: Study, runs: Path) -> str:
+def grids_html(study: StudyPage, runs: Path) -> str:
     """Per group, its arms' final grids side by side, and one line naming the grids that are not here."""
     out, missing = [], []
     for group, grids in final_grids(study.rows, runs, study.baseline).items():

@@ -53,6 +53,7 @@ from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.errors import ConfigError, UserError
 from maskbench.eval.evaluate import Evaluator, check_eval_inputs, load_samples
 from maskbench.files import DIGESTS, folder_change, sha256_file, sha256_json
+from maskbench.metrics import METRICS
 from maskbench.models.build import build_model
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
@@ -62,7 +63,8 @@ from maskbench.train.loop import make_accelerator
 
 GPU_TOLERANCE = 1e-3     # relative, on losses and weights, when reruns happen on a GPU
 METRIC_TOLERANCE = 1e-6  # relative, image metrics recomputed from the very same PNGs
-METRICS = ("val_loss", "fid", "fd_dinov2", "align_acc", "clip_score", "clip_cos")
+# Every registry metric, and the raw CLIP cosine behind the CLIP score: a new metric is checked without a line here.
+RECOMPUTED = (*(metric.name for metric in METRICS), "clip_cos")
 # Fields of env.json whose change makes a rerun differ in its bits; the others are only reported.
 BLOCKING_ENV = ("torch", "numpy", "device", "n_devices", "git_sha")
 NOT_SIGNED = "not signed"  # a folder or record written before runs signed what they write
@@ -80,7 +82,7 @@ class CheckResult:
 
 
 @dataclass
-class Target:
+class RerunTarget:
     """What the reruns reproduce: `steps` training steps, towards the eval point `point` saved at `point_step`
     (one of the run's eval-point checkpoints `points`)."""
     point: float
@@ -179,7 +181,7 @@ def pick_point(saved: list[tuple[float, int]], through: str | None) -> tuple[flo
     return point, dict(saved)[point]
 
 
-def plan_target(run: RunDir, steps: int | None, through: str | None = None) -> Target:
+def plan_target(run: RunDir, steps: int | None, through: str | None = None) -> RerunTarget:
     """Validate --through and --steps against what the run saved: 2 <= steps <= the target point's step."""
     saved = point_steps(run)
     if not saved:
@@ -191,7 +193,7 @@ def plan_target(run: RunDir, steps: int | None, through: str | None = None) -> T
                           f"got {steps}")
     if len(read_losses(run, steps)) < steps:
         raise ConfigError(f"{run.metrics} has fewer than {steps} steps")
-    return Target(point, point_step, steps, tuple(p for p, _ in saved))
+    return RerunTarget(point, point_step, steps, tuple(p for p, _ in saved))
 
 
 # ----------------------------------------------------------------------------------------- reruns
@@ -223,7 +225,7 @@ def point_mismatch(run: RunDir, rerun: RunDir, point: float, tolerance: float) -
     return problem and f"point {point:g}: {problem}"
 
 
-def check_rerun(run: RunDir, rerun: RunDir, target: Target, tolerance: float) -> CheckResult:
+def check_rerun(run: RunDir, rerun: RunDir, target: RerunTarget, tolerance: float) -> CheckResult:
     """(a) The rerun's losses match metrics.jsonl; its weights match the run's at every eval point it passed."""
     problem = trace_mismatch(read_losses(rerun, target.steps), read_losses(run, target.steps), tolerance)
     passed = [point for point, step in point_steps(run) if step <= target.steps]
@@ -240,7 +242,7 @@ def check_rerun(run: RunDir, rerun: RunDir, target: Target, tolerance: float) ->
     return CheckResult("rerun", True, f"{target.steps} steps: loss trace matches, {weights}")
 
 
-def check_resume(cfg: RunConfig, rerun: RunDir, root: Path, target: Target, tolerance: float) -> CheckResult:
+def check_resume(cfg: RunConfig, rerun: RunDir, root: Path, target: RerunTarget, tolerance: float) -> CheckResult:
     """(b) Stopped at half the steps and resumed equals the uninterrupted rerun."""
     half = target.steps // 2
     retrain(cfg, root, half)
@@ -291,7 +293,7 @@ def recompute_point(run: RunDir, point: float, evaluator: Evaluator, model: torc
 def metric_mismatches(fresh: dict, recorded: dict, tolerance: float) -> list[str]:
     """Each metric whose recorded value differs from the recomputed one (a metric on one side only counts)."""
     problems = []
-    for name in METRICS:
+    for name in RECOMPUTED:
         got, want = fresh.get(name), recorded.get(name)
         allowed = tolerance if name == "val_loss" else max(tolerance, METRIC_TOLERANCE)
         if (got is None) != (want is None) or (got is not None and not close(got, want, allowed)):
@@ -434,7 +436,7 @@ def shared_scratch(acc: Accelerator, run: RunDir) -> Iterator[Path]:
             shutil.rmtree(path[0], ignore_errors=True)
 
 
-def run_checks(run: RunDir, cfg: RunConfig, data: DatasetInfo, target: Target,
+def run_checks(run: RunDir, cfg: RunConfig, data: DatasetInfo, target: RerunTarget,
                tolerance: float) -> list[CheckResult]:
     """The five checks in order; the reruns live in a temporary folder removed afterwards."""
     acc = make_accelerator(cfg)  # the process group of a multi-process launch, before the scratch folder is shared

@@ -120,7 +120,7 @@ def format_studies() -> str:
 
 # --------------------------------------------------------------------------------------- done cells
 @dataclass(frozen=True)
-class Cell:
+class GridCell:
     """One combination of a sweep, and how much of it the leaderboard CSVs already hold."""
     overrides: list[str]
     cfg: RunConfig
@@ -146,7 +146,7 @@ def csv_paths(runs: list[tuple[list[str], RunConfig]], extra_csvs: Sequence[str]
     return sorted(p for p in {cfg.paths.leaderboard for _, cfg in runs} | set(extra_csvs) if Path(p).is_file())
 
 
-def cell_states(runs: list[tuple[list[str], RunConfig]], rows: Iterable[Mapping]) -> list[Cell]:
+def cell_states(runs: list[tuple[list[str], RunConfig]], rows: Iterable[Mapping]) -> list[GridCell]:
     """Each cell's status from leaderboard rows (those of `csv_paths`, read by the caller: the CSV
     schema lives a layer above): its rows are those with its config hash, one per eval point wanted."""
     evaluated: dict[str, set[float]] = {}
@@ -159,11 +159,11 @@ def cell_states(runs: list[tuple[list[str], RunConfig]], rows: Iterable[Mapping]
         have = len(wanted & evaluated.get(config_hash(cfg), set()))
         status = "done" if have == len(wanted) else "partial" if have else "missing"
         started = (Path(cfg.paths.runs) / run_id(cfg)).is_dir()
-        cells.append(Cell(overrides, cfg, status, have, started))
+        cells.append(GridCell(overrides, cfg, status, have, started))
     return cells
 
 
-def format_status(cells: list[Cell], csvs: Sequence[str]) -> str:
+def format_status(cells: list[GridCell], csvs: Sequence[str]) -> str:
     """`maskbench sweep --status`: one line per cell (status, points in the CSV, run id, overrides), a count."""
     width = len(str(len(cells)))
     lines = []

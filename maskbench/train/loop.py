@@ -53,7 +53,7 @@ from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import host_to_device, random_keep_idx
 from maskbench.models.objective import sample_t, windowed_flow_loss
-from maskbench.models.routing import draw_route
+from maskbench.models.routing import draw_token_route
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
@@ -146,7 +146,7 @@ class Trainer:
                               "(an init_from source evaluated there)")
         self.data, self.schedule = plan_run(cfg, self.accelerator.num_processes, data)
         self.num_workers = loader_workers(cfg.data.num_workers, cfg.train.grad_accum)
-        self.routes = demote_routes(cfg.train)  # a route's ratio missing from latent shards is refused by the plan
+        self.demote_routes = demote_routes(cfg.train)  # a route's ratio missing from latent shards is refused by the plan
         with self.accelerator.main_process_first():  # rank 0 generates missing synth data, the others read it
             generate_synth(cfg.data, cfg.paths.data)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
@@ -196,7 +196,7 @@ class Trainer:
         # Static shapes: K changes with the mask ratio, so each phase compiles its own graph once.
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
         if cfg.train.compile:  # a demotion route's sub-batches take 2 graphs per input size (`batch_dynamic`)
-            sizes = 1 + len({route.ratio for route in self.routes})
+            sizes = 1 + len({route.ratio for route in self.demote_routes})
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * sizes)
         self.state = TrainState()
         self.timer = StepTimer(acc.device)
@@ -288,14 +288,14 @@ class Trainer:
         mask = generator("mask")  # the mask, then TREAD's route: an arm without a route draws as before
         keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=mask,
                                    device=device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
-        span_idx = draw_route(cfg.model, b, unwrapped.seq_len, keep_idx, mask, device)  # b×R, None unrouted
+        span_idx = draw_token_route(cfg.model, b, unwrapped.seq_len, keep_idx, mask, device)  # b×R, None unrouted
         drop_path = draw_path_drop(b, cfg.model, generator("path_drop"), device)        # b, None without SPRINT's
         noise = host_to_device(torch.randn(x0.shape, generator=generator("noise")), device)  # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, device)
         demotion = None
-        if self.routes and phase.demote:  # latent data's demoted x0 on the device: the loss indexes it by t there
+        if self.demote_routes and phase.demote:  # latent data's demoted x0 on the device: the loss indexes it by t there
             demoted = {ratio: x.to(device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
-            demotion = Demotion(self.routes, cfg.train.demote_gate, generator("demote"), demoted or None)
+            demotion = Demotion(self.demote_routes, cfg.train.demote_gate, generator("demote"), demoted or None)
         inputs = StepInputs(keep_idx, span_idx, drop_path, demotion, self.repa)
         return StepDraws(x0, t, drop, noise, context, context_mask, inputs)
 
