@@ -109,8 +109,8 @@ class DiTBlock(nn.Module):
     """adaLN-Zero block: gated self-attention, cross-attention to text, MLP.
 
     cond_width: the conditioning vector's and text tokens' width when it is not the block's: MaskDiT's decoder
-    blocks run at the decoder width on the model-width condition (Anima-Lab/MaskDiT models/maskdit.py 175, 185,
-    319-321: `DiTBlock(decoder_hidden_size, hidden_size, ...)`).
+    blocks run at the decoder width on the model-width condition (Anima-Lab/MaskDiT models/maskdit.py:
+    `DiTBlock(decoder_hidden_size, hidden_size, ...)`; docs/arms.md cites the lines).
     """
 
     def __init__(self, width: int, heads: int, mlp_ratio: float, cond_width: int | None = None) -> None:
@@ -133,7 +133,8 @@ class DiTBlock(nn.Module):
 
 class FinalLayer(nn.Module):
     """adaLN + Linear to one patch of pixels/latents per token (width: the tokens'; cond_width: the condition's,
-    the model width, when a narrow decoder comes before: MaskDiT models/maskdit.py 221-228, 329-331)."""
+    the model width, when a narrow decoder comes before: MaskDiT models/maskdit.py; docs/arms.md cites the
+    lines)."""
 
     def __init__(self, width: int, out_dim: int, cond_width: int | None = None) -> None:
         super().__init__()
@@ -147,9 +148,9 @@ class FinalLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """MaskDiT's step from the encoder to its narrower decoder (Anima-Lab/MaskDiT models/maskdit.py 195-213):
-    a parameter-free LayerNorm, adaLN shift and scale from the model-width condition, then Linear(width ->
-    decoder width). It runs on the kept tokens, before the mask token refills the dropped slots (538-543)."""
+    """MaskDiT's step from the encoder to its narrower decoder (Anima-Lab/MaskDiT models/maskdit.py; docs/arms.md
+    cites the lines): a parameter-free LayerNorm, adaLN shift and scale from the model-width condition, then
+    Linear(width -> decoder width). It runs on the kept tokens, before the mask token refills the dropped slots."""
 
     def __init__(self, width: int, decoder_width: int) -> None:
         super().__init__()
@@ -208,12 +209,13 @@ class SkipGate(nn.Module):
 
 
 class SparseDenseFusion(nn.Module):
-    """SPRINT's sparse-dense residual fusion (snap-research/Sprint src/models/sit.py 625-656): the deep path's
-    kept tokens go back to their slots on the L-token grid, every other slot (and, with path drop, every slot of
-    a sample) holds a fixed mask token, and Linear(cat[deep, dense], 2D -> D) fuses them with the dense shallow
-    path, the mixer's output on all L tokens, which carries every position the deep path dropped.
+    """SPRINT's sparse-dense residual fusion (snap-research/Sprint src/models/sit.py; docs/arms.md cites the
+    lines): the deep path's kept tokens go back to their slots on the L-token grid, every other slot (and, with
+    path drop, every slot of a sample) holds a fixed mask token, and Linear(cat[deep, dense], 2D -> D) fuses them
+    with the dense shallow path, the mixer's output on all L tokens, which carries every position the deep path
+    dropped.
 
-    The mask token is fixed: a buffer drawn N(0, 0.02²) at init (sit.py 420, 509: requires_grad=False), so no
+    The mask token is fixed: a buffer drawn N(0, 0.02²) at init (SPRINT's is requires_grad=False), so no
     phase leaves a parameter without a gradient and `trainable: all` cannot make it learned.
     """
 
@@ -234,9 +236,9 @@ class SparseDenseFusion(nn.Module):
 
 def draw_path_drop(batch: int, cfg: ModelConfig, generator: torch.Generator,
                    device: torch.device | str | None = None) -> torch.Tensor | None:
-    """B bool, the training samples whose deep path SPRINT drops (sit.py 649-652: each with chance 0.1 in its
-    config), from their own generator so no other draw of the step moves, on the generator's device (the trainer's:
-    the CPU) and then moved to `device`; None when the model has no path drop."""
+    """B bool, the training samples whose deep path SPRINT drops (src/models/sit.py: each with chance 0.1 in
+    its config), from their own generator so no other draw of the step moves, on the generator's device (the
+    trainer's: the CPU) and then moved to `device`; None when the model has no path drop."""
     if not cfg.path_drop:
         return None
     return host_to_device(torch.rand(batch, generator=generator, device=generator.device) < cfg.path_drop,
@@ -256,11 +258,11 @@ def idle_parameters(cfg: ModelConfig, mask_ratio: float) -> list[str]:
 def long_skip_pairs(depth: int) -> list[tuple[int, int]]:
     """(block i, the block depth-1-i whose output it fuses) for every i in the second half, innermost first.
 
-    Only pairs with depth-1-i < i. An odd depth is U-ViT's layout (sail-sg/ScaleLong libs/uvit.py 182-196,
-    240-263): (depth-1)/2 in-blocks push their outputs, a mid block fuses nothing, and out-block j pops in-block
-    (depth-3)/2-j's, so every skip crosses the mid block. An even depth is Skip-DiT's (class-to-image/models.py
-    280-296): the first block of the second half fuses the output of the block just before it, which is the
-    running tokens themselves, so the long-skip comparisons run at an odd depth (`tiny_deep`).
+    Only pairs with depth-1-i < i. An odd depth is U-ViT's layout (sail-sg/ScaleLong libs/uvit.py): (depth-1)/2
+    in-blocks push their outputs, a mid block fuses nothing, and out-block j pops in-block (depth-3)/2-j's, so
+    every skip crosses the mid block. An even depth is Skip-DiT's (class-to-image/models.py): the first block of
+    the second half fuses the output of the block just before it, which is the running tokens themselves, so the
+    long-skip comparisons run at an odd depth (`tiny_deep`). docs/arms.md cites the lines of both.
     """
     return [(i, depth - 1 - i) for i in range(depth) if depth - 1 - i < i]
 
@@ -312,7 +314,7 @@ class DiT(nn.Module):
                                          for (i, _), scale in zip(pairs, skip_scales(cfg))})  # by fusing block
         gates = {SkipScale.learned_shared: 1, SkipScale.learned_per_skip: len(pairs)}.get(cfg.skip_scale, 0)
         self.long_skip_gates = nn.ModuleList(SkipGate(self.seq_len) for _ in range(gates))  # ScaleLong's LS
-        # MaskDiT's decoder (models/maskdit.py 309-331): DecoderLayer width -> decoder width, the learned mask token
+        # MaskDiT's decoder (models/maskdit.py): DecoderLayer width -> decoder width, the learned mask token
         # and fixed sin-cos decoder positions at that width, decoder blocks and the final layer at it too, all
         # conditioned on the model-width c. SPRINT's decoder is full width, fed by its fusion, with a fixed token.
         dec_width = decoder_width(cfg)
@@ -351,7 +353,7 @@ class DiT(nn.Module):
             nn.init.normal_(self.sparse_fusion.mask_token, std=0.02)
         blocks = [*self.mixer, *self.blocks, *self.decoder, self.final_layer]
         zeroed = [*(block.adaLN_modulation[-1] for block in blocks), self.final_layer.linear]
-        if self.decoder_layer is not None:  # MaskDiT zeroes it as its final layer, Linear too (maskdit.py 403-408)
+        if self.decoder_layer is not None:  # MaskDiT zeroes it as its final layer, Linear too
             zeroed += [self.decoder_layer.adaLN_modulation[-1], self.decoder_layer.linear]
         for layer in zeroed:
             nn.init.zeros_(layer.weight)
@@ -362,12 +364,12 @@ class DiT(nn.Module):
         """Start the long-skip fusion layers as `model.skip_init` says (last, so no other init moves).
 
         dit keeps DiT's xavier init above. skipdit is what Skip-DiT's layers get: its `initialize_weights`
-        runs before they are built (class-to-image/models.py 201-213), so nn.Linear's and nn.LayerNorm's own
-        defaults. uvit is U-ViT's `_init_weights` (ScaleLong libs/uvit.py 204, 214-221): trunc_normal(0.02)
-        weights, zero bias. identity is the documented choice for converting a trained DiT: the projection reads
-        the running half of the concatenation through an identity block (weight [I | 0], bias 0), so with
-        `concat` fusion the converted model starts exactly as the source; with `concat_ln` it starts with
-        the running tokens normalised by the concatenation's statistics (near, not at, the identity).
+        runs before they are built (class-to-image/models.py), so nn.Linear's and nn.LayerNorm's own defaults.
+        uvit is U-ViT's `_init_weights` (ScaleLong libs/uvit.py; docs/arms.md cites the lines of both):
+        trunc_normal(0.02) weights, zero bias. identity is the documented choice for converting a trained DiT:
+        the projection reads the running half of the concatenation through an identity block (weight [I | 0],
+        bias 0), so with `concat` fusion the converted model starts exactly as the source; with `concat_ln` it
+        starts with the running tokens normalised by the concatenation's statistics (near, not at, the identity).
         """
         how = SkipInit(how)  # an unknown name raises here, before any layer moves
         for skip in self.long_skips.values():
@@ -442,8 +444,8 @@ class DiT(nn.Module):
                       size: tuple[int, int]) -> torch.Tensor:
         """The backbone's B×K×D tokens back on all L slots of the H×W (`size`) input for the decoder blocks.
 
-        SPRINT: fused with the dense path (`SparseDenseFusion`), B×L×D. MaskDiT (Anima-Lab/MaskDiT models/maskdit.py
-        538-545): the DecoderLayer takes the kept tokens to the decoder width, dropped slots hold the learned mask
+        SPRINT: fused with the dense path (`SparseDenseFusion`), B×L×D. MaskDiT (Anima-Lab/MaskDiT models/maskdit.py,
+        `forward`): the DecoderLayer takes the kept tokens to the decoder width, dropped slots hold the learned mask
         token, and every token, kept or not, gets the decoder's positions (`decoder_pos_embed`, added after the
         refill at any mask ratio), B×L×D_dec.
         """

@@ -108,7 +108,7 @@ def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor
     `forward` is what runs the model (a compiled or DDP-wrapped copy of it); default: `model` itself.
     TREAD's route (`inputs.span_idx`) changes which blocks a token passes, not which tokens the model predicts.
     A model with SPRINT's sparse-dense fusion predicts every token and is scored on every token (SPRINT's
-    flow_matching.py 136-137).
+    src/scheduler/flow_matching.py; docs/arms.md cites the lines).
     """
     keep_idx = inputs.keep_idx
     x_t = interpolate(x0, noise, t)                                                   # B×C×H×W

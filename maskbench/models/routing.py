@@ -1,13 +1,13 @@
 """TREAD's token routing (Krause et al. 2025): in training, a random subset of the backbone's tokens skips a span
 of blocks and rejoins, as it was, at the positions it left.
 
-The authors' code (CompVis/tread at fccf77c): at block `start_layer_idx` the model keeps a copy of its tokens,
-draws per sample a random `selection_ratio` of them to route (`routing_module.py` 7-15: argsort of uniform
-noise), and runs blocks start..end (inclusive) on the others only (`dit.py` 244-247, `routing_module.py` 17-19).
-After block end it scatters those back over the copy, out of place (`dit.py` 256-257, `routing_module.py`
-21-26), so every routed token re-enters with the value it had before the span. The model predicts, and the loss
-reads, every token (`edm.py` 111-118), and only a training model routes (`dit.py` 239): sampling runs the plain
-network. The shipped route is DiT-B/2's blocks 2..8 of 12 at ratio 0.5 (`configs/model/tread.yaml` 10-13).
+The authors' code (CompVis/tread at fccf77c; docs/arms.md, the `tread50` row, cites the lines): at block
+`start_layer_idx` the model keeps a copy of its tokens, draws per sample a random `selection_ratio` of them to
+route (`routing_module.py`: argsort of uniform noise), and runs blocks start..end (inclusive) on the others only
+(`dit.py`, `routing_module.py`). After block end it scatters those back over the copy, out of place (`dit.py`,
+`routing_module.py`), so every routed token re-enters with the value it had before the span. The model predicts,
+and the loss reads, every token (`edm.py`), and only a training model routes (`dit.py`): sampling runs the plain
+network. The shipped route is DiT-B/2's blocks 2..8 of 12 at ratio 0.5 (`configs/model/tread.yaml`).
 
 Here a route is a keep/bypass index set exactly like a mask (`random_keep_idx`): `span_idx`, the B×R sorted
 positions among the backbone's tokens that the span runs on; the other ones bypass it. The trainer draws it from

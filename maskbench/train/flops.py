@@ -93,8 +93,9 @@ def _backbone(n: _Counter, cfg: ModelConfig, batch: int, kept: int, context_len:
 
 def _decoder(n: _Counter, cfg: ModelConfig, batch: int, seq_len: int, kept: int, context_len: int) -> int:
     """The decoder blocks on all L tokens; for MaskDiT's decoder also its DecoderLayer (adaLN from the condition,
-    Linear width -> decoder width on the K kept tokens: Anima-Lab/MaskDiT models/maskdit.py 195-213, 538) and
-    blocks at the decoder width on the model-width condition (319-321). The refill and positions are free."""
+    Linear width -> decoder width on the K kept tokens) and blocks at the decoder width on the model-width
+    condition (Anima-Lab/MaskDiT models/maskdit.py; docs/arms.md cites the lines). The refill and positions are
+    free."""
     width, dec_width = cfg.width, decoder_width(cfg)
     blocks = cfg.decoder_depth * _dit_block(n, batch, seq_len, context_len, dec_width, int(dec_width * cfg.mlp_ratio),
                                             cond_width=width)

@@ -1,18 +1,18 @@
 """REPA, representation alignment (sihyun-yu/REPA): one block's tokens, through a small trained MLP projector,
 are pulled towards a frozen encoder's patch features of the clean image by a negative cosine similarity.
 
-The authors' pieces, by file and line of sihyun-yu/REPA:
-    projector   models/sit.py 16-23 (Linear -> SiLU -> Linear -> SiLU -> Linear), 180 (hidden 2048), 206-219 (xavier)
-    the tap     models/sit.py 280-283: after block `encoder_depth` (counted from 1), every token projected
-    the loss    loss.py 83-88: −cos(projected token, encoder token), averaged over tokens, then over the batch
-    λ, depth    train.py 311 (loss + proj_coeff · proj_loss), 436 (proj_coeff 0.5), 400 (encoder_depth 8);
-                README.md 49-52: that default is for SiT-XL/2, 28 blocks (models/sit.py 349-350)
-    encoder     train.py 295-304: DINOv2-B (train.py 435) on the clean image, under no_grad, its
-                `x_norm_patchtokens`; train.py 48-51: normalised with ImageNet's mean and std, resized so its
-                patch grid is the latent token grid (224 px at 256)
+The authors' pieces, by file of sihyun-yu/REPA (docs/arms.md, the `repa` row and "REPA: how the alignment is
+built", cites the lines):
+    projector   models/sit.py: Linear -> SiLU -> Linear -> SiLU -> Linear, hidden 2048, xavier init
+    the tap     models/sit.py: after block `encoder_depth` (counted from 1), every token projected
+    the loss    loss.py: −cos(projected token, encoder token), averaged over tokens, then over the batch
+    λ, depth    train.py: loss + proj_coeff · proj_loss, proj_coeff 0.5, encoder_depth 8;
+                README.md: that default is for SiT-XL/2, 28 blocks (models/sit.py)
+    encoder     train.py: DINOv2-B on the clean image, under no_grad, its `x_norm_patchtokens`, normalised with
+                ImageNet's mean and std, resized so its patch grid is the latent token grid (224 px at 256)
 With token dropping the aligned block may see only the kept tokens; the targets are then the encoder's tokens at
-the kept positions, as SPRINT does when it combines the two (snap-research/Sprint src/scheduler/flow_matching.py
-140-152, its projector on the sparse path in src/models/sit.py 634-642).
+the kept positions, as SPRINT does when it combines the two (snap-research/Sprint src/scheduler/flow_matching.py,
+its projector on the sparse path in src/models/sit.py; docs/arms.md, the `repa_mask75_then0` row, cites the lines).
 
 Scaled to maskbench's models (docs/arms.md, REPA): the depth is the smallest whose share of the model's blocks
 (mixer, backbone, decoder, in the order they run, as SPRINT counts) is at least the authors' 8 of 28; the
@@ -54,9 +54,9 @@ from maskbench.models.kernels import gather_tokens
 from maskbench.train import flops
 from maskbench.weights import REGISTRY, weights_folder
 
-AUTHORS_WEIGHT = 0.5                       # train.py 436: proj_coeff
-AUTHORS_DEPTH, AUTHORS_BLOCKS = 8, 28      # train.py 400: encoder_depth, for SiT-XL/2's 28 blocks
-AUTHORS_HIDDEN, AUTHORS_WIDTH = 2048, 1152  # models/sit.py 180: projector_dim, for SiT-XL/2's width
+AUTHORS_WEIGHT = 0.5                       # train.py: proj_coeff
+AUTHORS_DEPTH, AUTHORS_BLOCKS = 8, 28      # train.py: encoder_depth, for SiT-XL/2's 28 blocks
+AUTHORS_HIDDEN, AUTHORS_WIDTH = 2048, 1152  # models/sit.py: projector_dim, for SiT-XL/2's width
 
 SYNTH_ENCODER = "repa-synth-v2"
 SYNTH_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "repa_synth_v2.safetensors"
@@ -69,7 +69,7 @@ SYNTH_SIZE = 32  # the side the synth encoder reads (its 8×8 map: one feature p
 # patch anywhere in a 16-pixel cell sees all of it); ~23 MFLOPs a 32-pixel image, ~5% of a micro_s training step's per sample.
 SYNTH_LAYERS = ((3, 16, 3, 1), (16, 32, 4, 2), (32, 32, 3, 1), (32, 64, 4, 2), (64, 64, 3, 1), (64, 64, 3, 1))
 
-DINOV2_MODEL = "vit_base_patch14_dinov2.lvd142m"  # train.py 435: dinov2-vit-b
+DINOV2_MODEL = "vit_base_patch14_dinov2.lvd142m"  # train.py: dinov2-vit-b
 DINOV2_FILE = next(entry.file for entry in REGISTRY if entry.name == "dinov2-vitb14")  # in a paths.weights folder
 DINOV2_PATCH, DINOV2_WIDTH, DINOV2_DEPTH, DINOV2_MLP = 14, 768, 12, 4.0
 
@@ -105,8 +105,8 @@ def aligned_block(model: DiT, depth: int) -> nn.Module:
 
 
 def make_projector(width: int, hidden: int, z_dim: int) -> nn.Sequential:
-    """The authors' projector (models/sit.py 16-23) with their init: `initialize_weights` runs after it is built
-    (206-210) and gives every Linear xavier-uniform weights and zero bias (214-219)."""
+    """The authors' projector (models/sit.py; docs/arms.md cites the lines) with their init: `initialize_weights`
+    runs after it is built and gives every Linear xavier-uniform weights and zero bias."""
     projector = nn.Sequential(nn.Linear(width, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
                               nn.Linear(hidden, z_dim))
     for layer in projector[::2]:
@@ -116,7 +116,7 @@ def make_projector(width: int, hidden: int, z_dim: int) -> nn.Sequential:
 
 
 def repa_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """−cos(projected, target) per token, averaged over tokens and samples (loss.py 83-88). B×N×Dz each -> scalar.
+    """−cos(projected, target) per token, averaged over tokens and samples (loss.py). B×N×Dz each -> scalar.
 
     Every sample holds the same number of tokens (all, or the K kept), so the mean over B×N is the authors'
     mean over tokens, then over the batch."""
@@ -174,7 +174,7 @@ class DinoV2Encoder(nn.Module):
         self.out_dim = DINOV2_WIDTH
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = ((images + 1) / 2 - self.mean) / self.std                                 # B×3×H×W, train.py 48-51
+        x = ((images + 1) / 2 - self.mean) / self.std                                 # B×3×H×W, as train.py
         x = F.interpolate(x, size=self.size, mode="bicubic")                          # B×3×14h×14w
         tokens = self.model.forward_features(x)[:, self.model.num_prefix_tokens:]    # B×hw×768, x_norm_patchtokens
         return tokens.transpose(1, 2).unflatten(2, self.model.patch_embed.grid_size)  # B×768×h×w

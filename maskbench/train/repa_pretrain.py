@@ -1,10 +1,10 @@
 """Pretrain REPA's synth encoder (`repa-synth-v2`, maskbench/train/repa.py) without labels, and write the shipped
 weights.
 
-REPA's own target is DINOv2, a self-supervised encoder (sihyun-yu/REPA train.py 435): it never saw the labels of
-what it is later used on. This is the synth counterpart, trained on synth pixels only, no scene, caption or label
-of any kind, and nothing from the evaluation (the FD oracle `oracle-synth-v1` reads the scenes' shape, colour and
-size; this module imports nothing of `maskbench.eval`).
+REPA's own target is DINOv2, a self-supervised encoder (sihyun-yu/REPA train.py; docs/arms.md cites the line):
+it never saw the labels of what it is later used on. This is the synth counterpart, trained on synth pixels only,
+no scene, caption or label of any kind, and nothing from the evaluation (the FD oracle `oracle-synth-v1` reads the
+scenes' shape, colour and size; this module imports nothing of `maskbench.eval`).
 
 The objective is a dense InfoNCE (SimCLR's loss, per patch, as DenseCL/PixPro apply it). Each image gives two views,
 each shifted by up to ±4 px on the black background, its intensity scaled a little and pixel noise added; the second
