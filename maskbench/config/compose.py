@@ -9,6 +9,7 @@ the one-line functions in `maskbench.config.presets`, registered as the `model` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Optional
 
@@ -28,6 +29,7 @@ from maskbench.manifest import read_manifest
 from maskbench.weights import REGISTRY, WeightFile, weights_folder
 
 
+@functools.cache  # the store is the process's: once is enough (each call re-converts every preset)
 def _register_schema() -> None:
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
@@ -114,9 +116,9 @@ def baseline_model(name: str, overrides: list[str]) -> ModelConfig:
 def resplit_depth(model: ModelConfig, baseline: ModelConfig) -> int:
     """The backbone depth that keeps the baseline's full-width blocks once the arm's mixer and full-width decoder
     blocks are taken out of them (`ModelConfig.resplit`). SPRINT splits SiT-XL's own 28 blocks into 2 dense + 24
-    sparse + 2 decoder (snap-research/Sprint configs/train/SIT_XL_SPRINT_256.yaml 29-31) rather than adding
-    blocks; MaskDiT keeps DiT-XL's 28 as its encoder and adds a narrow decoder (Anima-Lab/MaskDiT
-    models/maskdit.py 309-331, 661-662), so on micro_s its encoder runs the mixer's block too."""
+    sparse + 2 decoder (snap-research/Sprint configs/train/SIT_XL_SPRINT_256.yaml) rather than adding blocks;
+    MaskDiT keeps DiT-XL's 28 as its encoder and adds a narrow decoder (Anima-Lab/MaskDiT models/maskdit.py), so
+    on micro_s its encoder runs the mixer's block too. docs/arms.md cites the lines of both."""
     blocks = baseline.mixer_depth + baseline.depth + baseline.decoder_depth
     depth = blocks - model.mixer_depth - (0 if maskdit_decoder(model) else model.decoder_depth)
     if depth < 1:

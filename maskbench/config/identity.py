@@ -6,6 +6,8 @@ skips a finished cell); any change to what is learned or measured gives a new on
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -13,35 +15,34 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from maskbench.config.fields import ADDED, NOT_RESULT, identity_of
 from maskbench.config.presets import decoder_width, maskdit_decoder
 from maskbench.config.schema import ArmConfig, DataConfig, Phase, RunConfig, Trainable, Until
 from maskbench.errors import ConfigError
 
+
+def declared(node: object, kind: str, prefix: str = "") -> set[str]:
+    """Dotted names of a config's fields (and groups) declared `kind` (`fields.ADDED` or `fields.NOT_RESULT`),
+    read from the dataclasses' field metadata: nested groups are walked, a declared group is named as a whole."""
+    names = set()
+    for f in dataclasses.fields(node):
+        name, value = f"{prefix}{f.name}", getattr(node, f.name)
+        if identity_of(f) == kind:
+            names.add(name)
+        elif identity_of(f) is None and dataclasses.is_dataclass(value):
+            names |= declared(value, kind, f"{name}.")
+    return names
+
+
 # Fields added after the first results landed: hashed only when set, so runs that do not use them keep
-# their names (and resume) across upgrades.
-HASHED_WHEN_SET = {
-    "model.long_skip", "model.skip_scale", "model.skip_kappa", "model.decoder_depth",
-    "train.mae_weight", "train.downscale_window", "train.downscale_factor", "train.demote_routes",
-    "train.demote_gate", "model.skip_init", "train.skip_step_grad_norm", "init_from", "init_weights",
-    "eval.final_n_samples", "eval.bootstrap_resamples", "model.sparse_fusion", "model.path_drop",
-    "train.repa_weight", "train.repa_depth", "train.repa_encoder",
-    "model.route_ratio", "model.route_start", "model.route_end", "model.resplit",
-}
+# their names (and resume) across upgrades. Declared on the fields (`added`); these are views for reading.
+HASHED_WHEN_SET = declared(RunConfig(), ADDED)
 # The same for the fields of each phase (a list element, so not a dotted name above).
-PHASE_HASHED_WHEN_SET = {"trainable", "until", "lr", "demote"}
+PHASE_HASHED_WHEN_SET = declared(Phase(), ADDED)
 # ... and of a phase's `until` (the cosine rule's fields came after the first rule arms' runs).
-UNTIL_HASHED_WHEN_SET = {"grad_cosine_below", "probe_splits", "per_flop"}
-
-# Fields that cannot change what a run learns or measures; everything else names the run.
-NOT_RESULT_FIELDS = {
-    "paths", "data.num_workers", "model.kernels", "train.checkpoint_minutes",
-    "train.keep_checkpoints", "train.stop_at_step", "eval.batch_size", "arm.description",
-    "eval.inception_weights", "eval.clip_weights", "eval.reference_stats", "eval.vae", "eval.dinov2_weights",
-    "eval.dinov2_model",
-    "train.fused_optimizer", "train.attention", "train.pin_memory", "train.activation_checkpointing",
-    "train.dist_timeout_minutes", "train.log_with",
-}
-
+UNTIL_HASHED_WHEN_SET = declared(Until(), ADDED)
+# Fields that cannot change what a run learns or measures (`not_result`); everything else names the run.
+NOT_RESULT_FIELDS = declared(RunConfig(), NOT_RESULT)
 
 
 def to_dict(cfg: RunConfig | Phase | Until) -> dict:
@@ -79,10 +80,9 @@ def config_hash(cfg: RunConfig) -> str:
 
     init_from is hashed as the source's run id and point, not its path: the same source moved or named
     by a relative path is the same start."""
-    tree, defaults = to_dict(cfg), to_dict(RunConfig())
+    tree, (defaults, phase_defaults, until_defaults) = to_dict(cfg), _defaults()
     unset = {name for name in HASHED_WHEN_SET if _lookup(tree, name) == _lookup(defaults, name)}
     relevant = _drop_fields(tree, NOT_RESULT_FIELDS | unset)
-    phase_defaults, until_defaults = _phase_dict(Phase()), to_dict(Until())
     relevant["arm"]["phases"] = [{k: v for k, v in phase.items()
                                   if k not in PHASE_HASHED_WHEN_SET or v != phase_defaults[k]}
                                  for phase in relevant["arm"]["phases"]]
@@ -101,6 +101,12 @@ def config_hash(cfg: RunConfig) -> str:
 
 def _phase_dict(phase: Phase) -> dict:
     return to_dict(phase)
+
+
+@functools.cache
+def _defaults() -> tuple[dict, dict, dict]:
+    """The default config, phase and `until` rule as plain data: constants, so converted once (only read)."""
+    return to_dict(RunConfig()), _phase_dict(Phase()), to_dict(Until())
 
 
 def data_label(data: DataConfig) -> str:

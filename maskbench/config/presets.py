@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from maskbench.config.fields import added, not_result
+
 Kernels = StrEnum("Kernels", "auto torch triton")              # gather/scatter: auto is Triton on CUDA
 LongSkipKind = StrEnum("LongSkipKind", "none concat_ln concat")       # concat_ln: Skip-DiT's fusion; concat: U-ViT's
 # ScaleLong's coefficient on each long skip: kappa (CS, kappa^(N-1-j) on the j-th skip fused, innermost first),
@@ -38,24 +40,24 @@ class ModelConfig:
     text_width: int = 64      # width of the small trainable synth text encoder
     text_depth: int = 2       # blocks of the small synth text encoder
     text_len: int = 32        # caption context length (tokens) for the synth text encoder
-    kernels: Kernels = Kernels.auto  # passed to gather/scatter
+    kernels: Kernels = not_result(Kernels.auto)  # passed to gather/scatter
     structured_mask: bool = False  # SPRINT-style: keep one token per 2x2 group (only at mask 0.75)
-    long_skip: LongSkipKind = LongSkipKind.none  # long skips from block i to depth-1-i: concat_ln (Skip-DiT) or concat (U-ViT); none
-    skip_scale: SkipScale = SkipScale.none  # ScaleLong's coefficient on each long skip: kappa, constant, learned_shared, learned_per_skip
-    skip_kappa: float = 0.5   # ScaleLong's kappa (skip_scale=kappa); its code's default
-    skip_init: SkipInit = SkipInit.dit  # how the long-skip fusion layers start (matters most when converting)
-    decoder_depth: int = 0    # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
+    long_skip: LongSkipKind = added(LongSkipKind.none)  # long skips from block i to depth-1-i: concat_ln (Skip-DiT) or concat (U-ViT); none
+    skip_scale: SkipScale = added(SkipScale.none)  # ScaleLong's coefficient on each long skip: kappa, constant, learned_shared, learned_per_skip
+    skip_kappa: float = added(0.5)  # ScaleLong's kappa (skip_scale=kappa); its code's default
+    skip_init: SkipInit = added(SkipInit.dit)  # how the long-skip fusion layers start (matters most when converting)
+    decoder_depth: int = added(0)  # MaskDiT: blocks on all L tokens after refilling dropped slots with a mask token
     decoder_ratio: float | None = None  # MaskDiT: its decoder's width over the model's, after the DecoderLayer;
                                         # None: the authors' 512 / 1152 (`decoder_width`). SPRINT's is full width
-    sparse_fusion: bool = False  # SPRINT: the decoder reads Linear(cat[deep path refilled with a fixed mask token,
-                                 # the mixer's dense path]) and every token carries loss (needs mixer and decoder)
-    path_drop: float = 0.0    # SPRINT: the chance a training sample's whole deep path is the mask token
-    resplit: bool = False     # the arm keeps the baseline's full-width blocks: its mixer and full-width decoder
-                              # blocks come out of them (SPRINT's 2 + 24 + 2 is SiT-XL's 28; MaskDiT's narrow
-                              # decoder is added, as on DiT-XL's 28): `depth` is what is left (config.compose)
-    route_ratio: float = 0.0  # TREAD: the share of the backbone's tokens that bypass the routed span in training
-    route_start: int | None = None  # TREAD: the span's first backbone block; None: the authors' (`route_span`)
-    route_end: int | None = None    # TREAD: its last backbone block, inclusive (their end_layer_idx); None: theirs
+    sparse_fusion: bool = added(False)  # SPRINT: the decoder reads Linear(cat[deep path refilled with a fixed mask token,
+                                        # the mixer's dense path]) and every token carries loss (needs mixer and decoder)
+    path_drop: float = added(0.0)  # SPRINT: the chance a training sample's whole deep path is the mask token
+    resplit: bool = added(False)  # the arm keeps the baseline's full-width blocks: its mixer and full-width decoder
+                                  # blocks come out of them (SPRINT's 2 + 24 + 2 is SiT-XL's 28; MaskDiT's narrow
+                                  # decoder is added, as on DiT-XL's 28): `depth` is what is left (config.compose)
+    route_ratio: float = added(0.0)  # TREAD: the share of the backbone's tokens that bypass the routed span in training
+    route_start: int | None = added(None)  # TREAD: the span's first backbone block; None: the authors' (`route_span`)
+    route_end: int | None = added(None)  # TREAD: its last backbone block, inclusive (their end_layer_idx); None: theirs
 
 
 def tiny() -> ModelConfig: return ModelConfig()
@@ -67,8 +69,8 @@ def micro_xxs() -> ModelConfig: return ModelConfig(name="micro_xxs", width=32, h
 def micro_s() -> ModelConfig: return ModelConfig(name="micro_s", mixer_depth=1)
 def micro_m() -> ModelConfig: return ModelConfig(name="micro_m", width=192, depth=6, heads=6, mixer_depth=1)
 # U-ViT's "depth 12" layout (6 in-blocks, a mid block, 6 out-blocks: 13 blocks and 6 long skips, as ScaleLong's
-# CIFAR-10 U-ViT, sail-sg/ScaleLong libs/uvit.py 182-196) at tiny's cost per step: at width 68, 13 blocks cost
-# 98.4% of what tiny's 4 at width 128 do (tests/test_flops.py).
+# CIFAR-10 U-ViT, sail-sg/ScaleLong libs/uvit.py; docs/arms.md cites the lines) at tiny's cost per step: at width
+# 68, 13 blocks cost 98.4% of what tiny's 4 at width 128 do (tests/test_flops.py).
 def tiny_deep() -> ModelConfig: return ModelConfig(name="tiny_deep", depth=13, width=68, heads=4)
 def dit_s2() -> ModelConfig: return ModelConfig(name="dit_s2", depth=12, width=384, heads=6, patch_size=2)
 def dit_b2() -> ModelConfig: return ModelConfig(name="dit_b2", depth=12, width=768, heads=12, patch_size=2)
@@ -85,8 +87,9 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 }
 
 
-# MaskDiT's decoder (Anima-Lab/MaskDiT models/maskdit.py 309-331): 8 blocks 512 wide with 16 heads after DiT-XL/2's
-# 28 blocks 1152 wide with 16 heads (661-662), behind a DecoderLayer that takes the encoder's width down to 512.
+# MaskDiT's decoder (Anima-Lab/MaskDiT models/maskdit.py; docs/arms.md cites the lines): 8 blocks 512 wide with
+# 16 heads after DiT-XL/2's 28 blocks 1152 wide with 16 heads, behind a DecoderLayer that takes the encoder's
+# width down to 512.
 MASKDIT_DECODER_WIDTH, MASKDIT_WIDTH = 512, 1152
 
 
@@ -98,11 +101,12 @@ def maskdit_decoder(cfg: ModelConfig) -> bool:
 def decoder_width(cfg: ModelConfig) -> int:
     """The width the decoder blocks and the final layer after them run at.
 
-    MaskDiT's decoder: model.width times model.decoder_ratio, or the authors' 512 / 1152 (models/maskdit.py 310
+    MaskDiT's decoder: model.width times model.decoder_ratio, or the authors' 512 / 1152 (models/maskdit.py,
     at DiT-XL/2's width), rounded to the nearest multiple of lcm(4, heads), at least one (the 2-D sin-cos
     positions need a multiple of 4; the decoder keeps the encoder's head count, as the authors' 16 and 16):
-    512 on dit_xl2, 56 on tiny (the `maskdit50` arms set 0.3125: 40 on tiny, docs/arms.md says why). SPRINT's decoder (and a model without one) is model.width: SPRINT's authors run
-    their decoder blocks and final layer at the encoder's width (snap-research/Sprint src/models/sit.py 411-441).
+    512 on dit_xl2, 56 on tiny (the `maskdit50` arms set 0.3125: 40 on tiny, docs/arms.md says why).
+    SPRINT's decoder (and a model without one) is model.width: SPRINT's authors run their decoder blocks and
+    final layer at the encoder's width (snap-research/Sprint src/models/sit.py). docs/arms.md cites the lines.
     """
     if not maskdit_decoder(cfg):
         return cfg.width
@@ -114,9 +118,10 @@ def decoder_width(cfg: ModelConfig) -> int:
 def route_span(cfg: ModelConfig) -> tuple[int, int]:
     """(first, last) backbone block of TREAD's routed span, last inclusive: as set, else the authors' span scaled.
 
-    The authors give one span, blocks 2..8 of DiT-B/2's 12 (CompVis/tread configs/model/tread.yaml 10-13): 2
-    dense blocks before it, 3 after. Scaled to model.depth it is round(depth·2/12)..round(depth·9/12) − 1, which
-    is theirs at depth 12, blocks 1..2 of the default 4 (dit_xl2's 28: 5..20).
+    The authors give one span, blocks 2..8 of DiT-B/2's 12 (CompVis/tread configs/model/tread.yaml; docs/arms.md
+    cites the lines): 2 dense blocks before it, 3 after. Scaled to model.depth it is
+    round(depth·2/12)..round(depth·9/12) − 1, which is theirs at depth 12, blocks 1..2 of the default 4 (dit_xl2's
+    28: 5..20).
     """
     start = round(cfg.depth * 2 / 12) if cfg.route_start is None else cfg.route_start
     end = round(cfg.depth * 9 / 12) - 1 if cfg.route_end is None else cfg.route_end

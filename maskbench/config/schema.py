@@ -1,7 +1,9 @@
 """The run configuration's schema: typed dataclasses and enums, the shape every run's `config.yaml` has.
 
 Only what a config *is* lives here; how one is composed from YAML (`compose`), what makes one valid
-(`validate`) and what names a run (`identity`) are their own modules.
+(`validate`) and what names a run (`identity`) are their own modules. What a field does to a run's name is
+declared on the field (`added`: hashed only when set; `not_result`: never hashed; neither: hashed always, see
+`fields`), so a new field cannot be left off a list.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Optional
 
+from maskbench.config.fields import added, not_result
 from maskbench.config.presets import ModelConfig
 
 CONF_DIR = Path(__file__).parent.parent / "conf"  # maskbench/conf
@@ -43,28 +46,28 @@ class Until:
     """
     val_loss_within: Optional[float] = None
     skip_norm_growth_below: Optional[float] = None
-    grad_cosine_below: Optional[float] = None
+    grad_cosine_below: Optional[float] = added(None)
     every: int = 25
-    probe_splits: int = 4   # grad_cosine_below: parts of each micro-batch (>= 3 for the debiased estimate)
-    per_flop: bool = False  # grad_cosine_below: compare cosine / (masked step FLOPs / full step FLOPs)
+    probe_splits: int = added(4)  # grad_cosine_below: parts of each micro-batch (>= 3 for the debiased estimate)
+    per_flop: bool = added(False)  # grad_cosine_below: compare cosine / (masked step FLOPs / full step FLOPs)
 
 
 @dataclass
 class Phase:
     mask_ratio: float = 0.0  # fraction of patch tokens dropped per sample
     fraction: float = 1.0    # fraction of the FLOPs budget this phase spends (its cap, with `until`)
-    trainable: Trainable = Trainable.all  # skips: every parameter but the long-skip layers' is frozen
-    until: Optional[Until] = None         # end the phase when a rule fires; the rest of its budget moves on
-    lr: Optional[list[float]] = None      # [start, end] × train.lr, cosine over the phase (start = end: constant);
-                                          # None = the run's schedule. An author's own schedule (`*_authors` arms)
-    demote: bool = True                   # False: no demotion route in this phase, every sample at the native
+    trainable: Trainable = added(Trainable.all)  # skips: every parameter but the long-skip layers' is frozen
+    until: Optional[Until] = added(None)  # end the phase when a rule fires; the rest of its budget moves on
+    lr: Optional[list[float]] = added(None)  # [start, end] × train.lr, cosine over the phase (start = end: constant);
+                                             # None = the run's schedule. An author's own schedule (`*_authors` arms)
+    demote: bool = added(True)            # False: no demotion route in this phase, every sample at the native
                                           # size (anima_lora's recipe demotes only in the last 75% of training)
 
 
 @dataclass
 class ArmConfig:
     name: str = "mask0"                      # the arm's name (rows and run ids carry it); `arm=NAME` picks a shipped arm, `arm=FILE.yaml` yours
-    description: str = ""                    # one line for `maskbench arms`
+    description: str = not_result("")        # one line for `maskbench arms`
     phases: list[Phase] = field(default_factory=lambda: [Phase()])  # the arm: each phase a mask ratio and its share of the budget (docs/arms.md)
 
 
@@ -85,7 +88,7 @@ class DataConfig:
     n_train: int = 50_000          # synth only
     n_val: int = 2_000             # synth only
     seed: int = 0                  # synth generation seed (not the run seed)
-    num_workers: Optional[int] = None  # loader workers per stream; None = sized from the CPUs (data order never depends on it)
+    num_workers: Optional[int] = not_result(None)  # loader workers per stream; None = sized from the CPUs (data order never depends on it)
     shuffle_buffer: int = 1_000              # samples in the loader's shuffle buffer
     max_bad_fraction: float = 0.05           # undecodable samples tolerated before a run stops (as a share of those read)
     mix: list[MixSource] = field(default_factory=list)  # data=mix: sources sampled by weight
@@ -95,22 +98,22 @@ class DataConfig:
 class EvalConfig:
     points: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])  # eval points as fractions of the budget: each a cooled horizon under wsd
     n_samples: int = 256           # generated images per eval point (the first N held-out prompts)
-    final_n_samples: Optional[int] = None  # generated images at the final point (1.0); None = n_samples
+    final_n_samples: Optional[int] = added(None)  # generated images at the final point (1.0); None = n_samples
     sampler_steps: int = 20        # Euler steps of the rectified-flow ODE
     cfg_scale: float = 2.5                   # classifier-free guidance scale at sampling
     noise_seed: int = 1234         # fixed noise per prompt index, shared by every arm and seed
-    batch_size: int = 128                    # images generated (and scored) per batch
+    batch_size: int = not_result(128)        # images generated (and scored) per batch
     val_samples: int = 512         # held-out samples for the validation loss
     val_t: list[float] = field(default_factory=lambda: [(i + 0.5) / 8 for i in range(8)])  # the fixed t of the validation loss (its mean over these)
     grid_size: int = 64            # images in the sample grid PNG
-    inception_weights: Optional[str] = None  # local inception-2015-12-05.pt (real-data FID)
-    reference_stats: Optional[str] = None    # FID reference npz; default <data>/val/inception_stats.npz
+    inception_weights: Optional[str] = not_result(None)  # local inception-2015-12-05.pt (real-data FID)
+    reference_stats: Optional[str] = not_result(None)  # FID reference npz; default <data>/val/inception_stats.npz
     clip_model: Optional[str] = None         # e.g. ViT-H-14; None = no CLIP score
-    clip_weights: Optional[str] = None       # open_clip tag (cached locally) or a local weights file
-    vae: Optional[str] = None                # latent data: VAE folder in place of the one the manifest records
-    dinov2_weights: Optional[str] = None     # local timm DINOv2 weights file: adds FD-DINOv2 (real data)
-    dinov2_model: str = "vit_large_patch14_dinov2.lvd142m"  # the timm architecture of those weights
-    bootstrap_resamples: int = 100  # resamples of the generated samples for the FD and CLIP errors; 0 = none
+    clip_weights: Optional[str] = not_result(None)  # open_clip tag (cached locally) or a local weights file
+    vae: Optional[str] = not_result(None)    # latent data: VAE folder in place of the one the manifest records
+    dinov2_weights: Optional[str] = not_result(None)  # local timm DINOv2 weights file: adds FD-DINOv2 (real data)
+    dinov2_model: str = not_result("vit_large_patch14_dinov2.lvd142m")  # the timm architecture of those weights
+    bootstrap_resamples: int = added(100)  # resamples of the generated samples for the FD and CLIP errors; 0 = none
 
 
 @dataclass
@@ -142,28 +145,28 @@ class TrainConfig:
     caption_dropout: float = 0.1   # enables classifier-free guidance
     mixed_precision: Precision = Precision.auto  # auto: bf16 on GPUs, fp32 on CPU
     compile: bool = False                    # torch.compile the model (docs/cluster.md)
-    checkpoint_minutes: float = 10.0         # minutes between periodic checkpoints
-    keep_checkpoints: int = 2      # periodic checkpoints kept; eval-point checkpoints are always kept
+    checkpoint_minutes: float = not_result(10.0)  # minutes between periodic checkpoints
+    keep_checkpoints: int = not_result(2)  # periodic checkpoints kept; eval-point checkpoints are always kept
     max_bad_steps: int = 5         # consecutive non-finite losses before stopping
-    stop_at_step: Optional[int] = None  # save and stop there, as a preemption would (resume later)
+    stop_at_step: Optional[int] = not_result(None)  # save and stop there, as a preemption would (resume later)
     grad_accum: int = 1            # micro-batches per step; processes × grad_accum data streams share the batch
-    fused_optimizer: bool = True   # fused AdamW kernel (CUDA only)
-    attention: AttentionKernel = AttentionKernel.auto  # auto: SDPA picks flash / memory-efficient kernels; math: the reference kernel
-    pin_memory: bool = True        # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
-    activation_checkpointing: bool = False  # recompute each DiT block in backward: less memory, ~1/3 more compute
-    dist_timeout_minutes: float = 120.0     # collective timeout: other ranks wait while rank 0 evaluates
-    log_with: Tracker = Tracker.none  # tensorboard: event files under the run dir
-    mae_weight: float = 0.0        # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
-    downscale_window: list[float] = field(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
-    downscale_factor: int = 2      # 1/factor resolution: the one-route shorthand of demote_routes
-    demote_routes: list[DemoteRoute] = field(default_factory=list)  # the route table (FLOPs counted at each size)
-    demote_gate: DemoteGate = DemoteGate.sample  # sample: each sample by its own t; batch: all of a micro-batch or none
-    skip_step_grad_norm: Optional[float] = None  # Skip-DiT's guard: no optimizer step when the global grad norm
-                                                 # (before clipping) is non-finite or above this; counted
-    repa_weight: float = 0.0       # REPA (sihyun-yu/REPA): λ on its alignment loss, 0 = off (its default 0.5)
-    repa_depth: Optional[int] = None  # the aligned block from 1 (mixer, backbone, decoder); None: scaled from 8 of 28
-    repa_encoder: Optional[str] = None  # "synth" (the shipped repa-synth-v2), "random" (the control) or a DINOv2-B file;
-                                        # None: synth on synth data, else paths.weights' DINOv2-B (train/repa.py)
+    fused_optimizer: bool = not_result(True)  # fused AdamW kernel (CUDA only)
+    attention: AttentionKernel = not_result(AttentionKernel.auto)  # auto: SDPA picks flash / memory-efficient kernels; math: the reference kernel
+    pin_memory: bool = not_result(True)  # page-locked batches for non-blocking host-to-GPU copies (CUDA only)
+    activation_checkpointing: bool = not_result(False)  # recompute each DiT block in backward: less memory, ~1/3 more compute
+    dist_timeout_minutes: float = not_result(120.0)  # collective timeout: other ranks wait while rank 0 evaluates
+    log_with: Tracker = not_result(Tracker.none)  # tensorboard: event files under the run dir
+    mae_weight: float = added(0.0)  # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
+    downscale_window: list[float] = added(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
+    downscale_factor: int = added(2)  # 1/factor resolution: the one-route shorthand of demote_routes
+    demote_routes: list[DemoteRoute] = added(default_factory=list)  # the route table (FLOPs counted at each size)
+    demote_gate: DemoteGate = added(DemoteGate.sample)  # sample: each sample by its own t; batch: all of a micro-batch or none
+    skip_step_grad_norm: Optional[float] = added(None)  # Skip-DiT's guard: no optimizer step when the global grad norm
+                                                        # (before clipping) is non-finite or above this; counted
+    repa_weight: float = added(0.0)  # REPA (sihyun-yu/REPA): λ on its alignment loss, 0 = off (its default 0.5)
+    repa_depth: Optional[int] = added(None)  # the aligned block from 1 (mixer, backbone, decoder); None: scaled from 8 of 28
+    repa_encoder: Optional[str] = added(None)  # "synth" (the shipped repa-synth-v2), "random" (the control) or a DINOv2-B file;
+                                               # None: synth on synth data, else paths.weights' DINOv2-B (train/repa.py)
 
 
 @dataclass
@@ -182,12 +185,12 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
-    paths: PathsConfig = field(default_factory=PathsConfig)
+    paths: PathsConfig = not_result(default_factory=PathsConfig)
     seed: int = 0  # the run's seed: arms of one seed share initial weights, batches, t, dropout and noise
-    init_from: Optional[str] = None          # RUN_DIR or RUN_DIR@POINT: start from that run's weights
+    init_from: Optional[str] = added(None)   # RUN_DIR or RUN_DIR@POINT: start from that run's weights
     # (`maskbench.runs.source.load_source`); the source's FLOPs are not part of this run's budget, and its run id
     # names this run (config_hash).
-    init_weights: InitWeights = InitWeights.ema  # which weights of the init_from source: ema or raw
+    init_weights: InitWeights = added(InitWeights.ema)  # which weights of the init_from source: ema or raw
 
 
 
