@@ -29,7 +29,8 @@ from maskbench.train.loop import Trainer
 from maskbench.train.schedule import PhasePlan
 
 SMOKE = ("model.width=32", "model.depth=2", "model.heads=2", "model.text_width=32", "model.text_depth=1",
-         "model.text_len=24", "model.mixer_depth=0")
+         "model.text_len=24", "model.mixer_depth=0", "data.n_train=64", "data.n_val=16", "data.shuffle_buffer=16",
+         "budget.flops=1e11")  # 64 scenes to generate, a plan of ~1,000 steps to make, not the default run's
 
 
 class ArmStep:

@@ -50,14 +50,16 @@ if [ "$mode" = cpu ]; then  # toy sizes, Triton interpreted where installed, no 
   L_ENV=60 L_KERNELS=60 L_STANDINS=60 L_SYNTH=60 L_ENCODE=120 L_REFERENCE=60 L_TRAIN=240 L_ARMS=1800 L_DDP=300
   n_train=128 n_val=32 batch=8 n_samples=8 val_samples=16 jobs=1 kernels_args="--smoke" arms_deadline=1700
   toy="model=tiny model.width=32 model.depth=3 model.heads=2 model.text_width=32 model.text_depth=1 model.text_len=24"
-  train_model="model=dit_s2 model.depth=1 model.width=64 model.heads=2" train_budget=2e10 train_compile=false
-  kernels=torch arm_budget=2e9 ddp_budget=3e9 sampler=2 backend=aot_eager
+  train_model="model=dit_s2 model.depth=1 model.width=64 model.heads=2" train_budget=8e9 train_compile=false
+  kernels=torch arm_budget=1e9 ddp_budget=1.5e9 sampler=2 backend=aot_eager
+  ddp_threads=1  # two processes on (often) two cores: a second thread each oversubscribes them (2x slower)
 else
   L_ENV=20 L_KERNELS=40 L_STANDINS=20 L_SYNTH=20 L_ENCODE=40 L_REFERENCE=20 L_TRAIN=100 L_ARMS=110 L_DDP=50
   n_train=4096 n_val=256 batch=128 n_samples=256 val_samples=256 jobs=6 kernels_args="--quick" arms_deadline=85
   toy="model=tiny model.width=64 model.depth=3 model.heads=2 model.text_width=64 model.text_depth=1 model.text_len=24"
   train_model="model=dit_s2 model.depth=2" train_budget=1e14 train_compile=true
   kernels=triton arm_budget=1.2e11 ddp_budget=2e11 sampler=8 backend=aot_eager
+  ddp_threads=2
 fi
 if [ "$plan" = 1 ]; then
   total=0
@@ -139,12 +141,12 @@ step "$L_ARMS" arms $PY benchmarks/device/arms_check.py --work "$work/arms" --ou
 
 rule=$($PY benchmarks/device/arms_check.py --work "$work/ddp" --rule-arm-only 2>/dev/null)
 ddp() {  # a sweep of the two arms on 2 processes sharing the GPU, then: did each cross its switch on both?
-  OMP_NUM_THREADS=2 $PY -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/device/wrap.py --gloo \
-    --dynamo-out "$work/ddp_dynamo.json" -- sweep "arm=maskdit50,$rule" $small train.compile=false \
+  OMP_NUM_THREADS=$ddp_threads $PY -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/device/wrap.py \
+    --gloo --dynamo-out "$work/ddp_dynamo.json" -- sweep "arm=maskdit50,$rule" $small train.compile=false \
     budget.flops=$ddp_budget paths.runs="$work/ddp/runs" paths.leaderboard="$work/ddp/leaderboard.csv" &&
   $PY benchmarks/gpu_check_report.py "$work" --check-switches "$work/ddp/runs"
 }
-export rule small ddp_budget
+export rule small ddp_budget ddp_threads
 export -f ddp
 step "$L_DDP" ddp bash -c ddp
 exit "$failed"

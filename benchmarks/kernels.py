@@ -45,7 +45,7 @@ class Shapes:
 
 FULL = Shapes(256, (256, 1024), 1152, torch.bfloat16)  # DiT-XL/2 at 256 px and 512 px: 32² and 64² latents, 2×2 patches
 QUICK = Shapes(256, (256,), 1152, torch.bfloat16)      # --quick (the device check): 256 px only
-SMOKE = Shapes(3, (16,), 8, torch.float32)             # fp32: Triton's interpreter has no bf16
+SMOKE = Shapes(3, (8,), 8, torch.float32)              # fp32: Triton's interpreter has no bf16
 MASK_RATIOS = (0.5, 0.75)
 INDEX_BYTES = 8               # int64 keep_idx
 

@@ -62,6 +62,7 @@ FIELDS = ("format", "reader", "num_workers", "batch_size", "first_batch_s", "sam
 GPU_MODELS, GPU_MASKS = ("dit_b2", "dit_xl2"), (0.0, 0.75)
 TRAIN_BATCH = 64  # the default run's global batch, consumed once per --step-seconds
 SHARD_SIZE = 500
+SHUFFLE_BUFFER = 1_000  # samples per shuffle block: make_loader's default
 JPEG_SIZE, JPEG_QUALITY = 256, 90
 LATENT_SHAPE, TEXT_SHAPE = (4, 32, 32), (77, 1024)  # C×h×w of a 256 px image through an f8 VAE; T×D of ViT-H-14
 BENCH_VERSION = "bench-loader-v1"
@@ -164,7 +165,8 @@ def raw_tar_read(shard_dir: Path) -> tuple[int, float]:
 
 
 def loader_read(shard_dir: Path, decode: Callable[[dict], dict], batch_size: int, num_workers: int,
-                max_batches: int, max_seconds: float, resume: dict | None = None) -> tuple[float, int, float]:
+                max_batches: int, max_seconds: float, resume: dict | None = None,
+                shuffle_buffer: int = SHUFFLE_BUFFER) -> tuple[float, int, float]:
     """Seconds to the first batch, then the batches drawn after it and their seconds.
 
     The first batch carries the start-up (worker spawn, each stream reading its first shuffle block,
@@ -173,7 +175,8 @@ def loader_read(shard_dir: Path, decode: Callable[[dict], dict], batch_size: int
     """
     start = time.perf_counter()
     batches = iter(make_loader(shard_dir, batch_size=batch_size, seed=0, num_workers=num_workers,
-                               start_step=resume["step"] if resume else 0, resume=resume, decode=decode))
+                               start_step=resume["step"] if resume else 0, resume=resume, decode=decode,
+                               shuffle_buffer=shuffle_buffer))
     next(batches)
     first = time.perf_counter()
     drawn = 0
@@ -204,14 +207,16 @@ def measure(args: argparse.Namespace, data: Path, trainer_rate: float) -> list[d
     for fmt, (shard_dir, decode) in formats.items():
         rows.append(row(fmt, "raw_tar", "-", "-", "-", *raw_tar_read(shard_dir), trainer_rate))
         for workers in args.workers:
-            first, drawn, seconds = loader_read(shard_dir, decode, args.batch_size, workers, args.batches, args.max_seconds)
+            first, drawn, seconds = loader_read(shard_dir, decode, args.batch_size, workers, args.batches, args.max_seconds,
+                                                shuffle_buffer=args.shuffle_buffer)
             rows.append(row(fmt, "make_loader", workers, args.batch_size, first, drawn * args.batch_size, seconds, trainer_rate))
     # Resume at step = batches from the state saved there: the first batch's time is the seek's.
     png_dir, decode = formats["png"]
-    loader = make_loader(png_dir, batch_size=args.batch_size, seed=0, decode=decode)
+    loader = make_loader(png_dir, batch_size=args.batch_size, seed=0, decode=decode, shuffle_buffer=args.shuffle_buffer)
     for _ in zip(range(args.batches), loader):
         pass
-    first, _, _ = loader_read(png_dir, decode, args.batch_size, 0, 1, 0.0, resume=loader.state_dict())
+    first, _, _ = loader_read(png_dir, decode, args.batch_size, 0, 1, 0.0, resume=loader.state_dict(),
+                              shuffle_buffer=args.shuffle_buffer)
     rows.append(row("png", f"resume_to_step_{args.batches}", 0, args.batch_size, first, args.batch_size, first,
                     trainer_rate))
     return rows
@@ -241,6 +246,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100, help="batches per loader run, at most")
     parser.add_argument("--max-seconds", type=float, default=8.0, help="per loader run, after its first batch")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--shuffle-buffer", type=int, default=SHUFFLE_BUFFER, help="samples per shuffle block")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--gpu", default="H100", help="a name in maskbench/train/mfu.py's peak table")
     parser.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation of the GPU")
@@ -251,6 +257,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.n_png, args.n_jpeg, args.n_latent, args.batches, args.max_seconds, args.batch_size = 64, 16, 64, 2, 0.5, 8
+        args.shuffle_buffer = 16  # a block of 16 samples, not 1,000 read from a 16-sample shard 63 times over
         args.workers = [0, 1]
     if args.step_seconds <= 0 or args.max_seconds <= 0 or args.batches < 2:
         parser.error("--step-seconds and --max-seconds must be positive and --batches at least 2")

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from maskbench.config import load_config
+from maskbench.config import known_arms
+from maskbench.config.compose import arm_settings, shipped_arm
+from maskbench.config.schema import CONF_DIR
 from maskbench.data.encode import EncodeOptions
 from maskbench.data.pack import PackOptions, pack
 from maskbench.data.sources.brushdata import plan_brushdata
@@ -41,13 +46,39 @@ def tiny_overrides(tmp_path: Path, synth_root: Path, *extra: str) -> list[str]:
     ]
 
 
+# Evaluation at its smallest: 2 generated samples (a Fréchet distance needs two), 4 held-out samples for the
+# validation loss, no bootstrap, a 1-image grid. For runs whose tests read no eval metric's value.
+SMALL_EVAL = ("eval.n_samples=2", "eval.val_samples=4", "eval.bootstrap_resamples=0", "eval.grid_size=1")
+# ... and the data loaded in the training process: no loader worker to start (~0.7 CPU-s of a ~2 s run). The data
+# order never depends on the worker count; the tests of the loader's workers, their signals, seeks and bad-sample
+# counts, and the runs that others compare with, keep the default.
+FAST = (*SMALL_EVAL, "data.num_workers=0")
+
+
 def arm_overrides(tmp_path: Path, synth_root: Path, arm: str, *extra: str) -> list[str]:
     """`tiny_overrides` for a shipped arm: 3 backbone blocks for an arm that re-splits the baseline's (SPRINT's
-    mixer and decoder come out of them, and 2 would leave no backbone block)."""
+    mixer and decoder come out of them, and 2 would leave no backbone block). Whether it re-splits is read from the
+    arm's YAML, not from a second composed config (composing one costs most of a parametrized case; an arm that
+    re-splits some other way fails loudly here: "no backbone block")."""
     overrides = tiny_overrides(tmp_path, synth_root, f"arm={arm}", *extra)
-    if load_config([f"arm={arm}"]).model.resplit:
+    if OmegaConf.load(CONF_DIR / "arm" / f"{arm}.yaml").get("model", {}).get("resplit", False):
         overrides = [o.replace("model.depth=2", "model.depth=3") for o in overrides]
     return overrides
+
+
+def distinct_arms() -> list[str]:
+    """The shipped arms (but lsc_convert, whose skips-only phase needs an init_from source run) less each one that
+    another arm covers: the same model and training options (`arm_settings`) and a strict subset of its phases,
+    compared on every field but the fraction (mask0 and mask75 are two of mask75_then0's phases, on the same
+    model). A parametrized check of each phase's step runs the same code for it."""
+    def phases(arm: str) -> frozenset[str]:
+        return frozenset(json.dumps({k: v for k, v in dataclasses.asdict(p).items() if k != "fraction"}, sort_keys=True,
+                                    default=str) for p in shipped_arm(arm).phases)
+
+    arms = [arm for arm in known_arms() if arm != "lsc_convert"]
+    keys = {arm: (sorted(arm_settings(arm)), phases(arm)) for arm in arms}
+    return [arm for arm in arms
+            if not any(keys[other][0] == keys[arm][0] and keys[arm][1] < keys[other][1] for other in arms)]
 
 
 def randomized(model: torch.nn.Module, std: float) -> torch.nn.Module:
@@ -74,3 +105,12 @@ def shards(tmp_path: Path) -> Path:
     make_brushdata(tmp_path / "raw", shards=2, per_shard=3)
     pack(tmp_path / "canon", "brushdata", plan_brushdata([tmp_path / "raw"]), PackOptions(), progress=False)
     return tmp_path / "canon"
+
+
+@pytest.fixture(scope="session")
+def paired_runs(tmp_path_factory, synth_root):
+    """tests.paired_runs.PairedRuns: each mission arm's `paired_overrides` run, trained at its first use in this
+    process. Read only. (Imported here: that module builds on `tiny_overrides`.)"""
+    from tests.paired_runs import PairedRuns
+
+    return PairedRuns(tmp_path_factory.mktemp("paired"), synth_root)

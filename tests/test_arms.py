@@ -24,7 +24,7 @@ from maskbench.runs.launch import train
 from maskbench.train.diagnostics import BlockNorms, named_blocks
 from maskbench.train.loop import Trainer
 from maskbench.train.schedule import downscaled_count, make_schedule
-from tests.conftest import randomized, tiny_overrides
+from tests.conftest import FAST, randomized, tiny_overrides
 
 B = 3
 
@@ -209,7 +209,8 @@ def test_windowed_loss_is_the_sample_mean_of_the_downscaled_and_full_parts() -> 
 def test_planned_downscaled_counts_match_what_training_runs(tmp_path, synth_root, monkeypatch, grad_accum) -> None:
     """The FLOPs plan predicts, from the seed alone, how many samples of each step train at low resolution."""
     cfg = load_config(["arm=downscale_window", *tiny_overrides(tmp_path, synth_root, "train.downscale_window=[0.3,1.0]",
-                                                               f"train.grad_accum={grad_accum}", "eval.points=[1.0]")])
+                                                               f"train.grad_accum={grad_accum}", "eval.points=[1.0]",
+                                                               "budget.flops=1e9", *FAST)])
     seen: list[int] = []
     original = objective.flow_loss
 
@@ -239,7 +240,7 @@ def test_downscale_window_is_validated() -> None:
 # -------------------------------------------------------------------------------- shipped arms, diagnostics
 @pytest.mark.parametrize("arm", ["lsc_mask75_then0", "maskdit50"])
 def test_arm_trains_and_logs_block_norms_per_step_and_per_point(tmp_path, synth_root, arm: str) -> None:
-    cfg = load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root)])
+    cfg = load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root, "budget.flops=1.5e9", *FAST)])
     run = train(cfg)
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     points = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]

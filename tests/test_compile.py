@@ -179,7 +179,7 @@ def test_a_compiled_run_with_accumulation_and_a_probe_compiles_one_graph_per_pha
     recompile limit training silently runs eager."""
     counter = CompileCounter()
     monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend=counter))
-    cfg = _rule_cfg(tmp_path, synth_root, -1.0, "train.compile=true", "train.grad_accum=2", every=2)
+    cfg = _rule_cfg(tmp_path, synth_root, -1.0, "train.compile=true", "train.grad_accum=2", "budget.flops=2e9", every=2)
     trainer = Trainer(cfg)
     trainer.fit()
     steps = [json.loads(line) for line in trainer.run.metrics.read_text().splitlines()]

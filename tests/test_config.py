@@ -110,3 +110,20 @@ def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other(
         spent[arm] = schedule.total_flops
         assert spent[arm] <= cfg.budget.flops
     assert max(spent.values()) / min(spent.values()) < 1.01, spent
+
+
+@pytest.mark.parametrize("arm", known_arms())
+def test_a_phase_of_equal_steps_is_planned_as_the_step_by_step_count_plans_it(arm, monkeypatch):
+    """`constant_cost` counts a phase's steps at once where every step costs the same; for each shipped arm (its rule
+    probes, demotions and skips-only phases included) the plan is the one counting step by step gives."""
+    import maskbench.train.schedule as schedule
+    from maskbench.data.dataset import resolve_dataset
+
+    conversion = ["init_from=runs/a-trained-run", "model=tiny_deep"] if arm == "lsc_convert" else []
+    cfg = load_config([f"arm={arm}", *conversion])
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    at_once = schedule.make_schedule(cfg, data, n_streams=1)
+    plan_phases = schedule.plan_phases
+    monkeypatch.setattr(schedule, "plan_phases", lambda *args: plan_phases(*args[:4]))  # no constant_cost
+    step_by_step = schedule.make_schedule(cfg, data, n_streams=1)
+    assert at_once == step_by_step

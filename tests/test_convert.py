@@ -28,7 +28,7 @@ from maskbench.train.checkpoint import RunDir
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
 from maskbench.train.schedule import make_schedule
 from maskbench.train.switch import crossed, set_trainable, skip_weight_norm
-from tests.conftest import tiny_overrides
+from tests.conftest import FAST, tiny_overrides
 
 BATCH = 2
 
@@ -113,10 +113,9 @@ def test_rule_fires_at_the_first_check_that_crosses() -> None:
 
 # ---------------------------------------------------------------------------------------- runs
 @pytest.fixture(scope="module")
-def source(tmp_path_factory, synth_root) -> Path:
-    """A trained tiny mask0 run: what a conversion starts from."""
-    root = tmp_path_factory.mktemp("source")
-    return train(load_config(tiny_overrides(root, synth_root, "arm=mask0")))
+def source(paired_runs) -> Path:
+    """A trained tiny mask0 run, one eval point (test_paired_draws' own; read only): what a conversion starts from."""
+    return paired_runs["mask0"]
 
 
 def _arm_file(tmp: Path, until: str = "") -> Path:
@@ -132,7 +131,7 @@ def _arm_file(tmp: Path, until: str = "") -> Path:
 
 def _convert(tmp: Path, synth_root: Path, source: Path, until: str = "", *extra: str):
     cfg = load_config(tiny_overrides(tmp, synth_root, f"arm={_arm_file(tmp, until)}", f"init_from={source}",
-                                     "budget.flops=5e9", "eval.points=[1.0]", *extra))
+                                     "budget.flops=5e9", "eval.points=[1.0]", *FAST, *extra))
     return cfg, train(cfg)
 
 
@@ -224,7 +223,8 @@ def test_skips_only_phases_and_rules_need_what_they_use(tmp_path, synth_root):
 
 
 def test_step_guard_skips_every_step_above_it_and_still_spends_the_budget(tmp_path, synth_root):
-    cfg = load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "train.skip_step_grad_norm=1e-9"))
+    cfg = load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "train.skip_step_grad_norm=1e-9",
+                                     "budget.flops=1e9", "eval.points=[1.0]", *FAST))
     run_dir = train(cfg)
     records = _records(run_dir)
     assert [r["skipped_grad_norm"] for r in records] == list(range(1, len(records) + 1))

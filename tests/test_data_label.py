@@ -1,22 +1,41 @@
 """Data that names itself: a run on data.path is labelled by the source its shards' manifest records.
 
 The shards are BrushData-format fixtures packed by the real adapter and encoded with the stand-in VAE
-and text tower (conftest's `shards` and `opts`), as in a real latent run.
+and text tower (as conftest's `shards` and `opts` make them), as in a real latent run.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from maskbench.cli import main
-from maskbench.config import DataConfig, Phase, RunConfig, Until, config_hash, data_label, load_config, run_id
+from maskbench.config import DataConfig, Phase, RunConfig, Until, config_hash, data_label, load_config
+from maskbench.data.encode import EncodeOptions, encode
+from maskbench.data.pack import PackOptions, pack
+from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.eval import standins
-from maskbench.results.leaderboard import read_rows
-from maskbench.runs.launch import train
-from tests.test_latent_run import latent_root, run_overrides  # noqa: F401 (latent_root is a fixture)
+from tests.fixtures_real import make_brushdata
+from tests.test_latent_run import run_overrides
+
+
+@pytest.fixture(scope="module")
+def latent_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """conftest's `shards` encoded with its `opts` (as tests/test_latent_run.py's `latent_root`), built once for
+    this file: every test only reads it, and the one that edits a manifest edits its own copy."""
+    world = tmp_path_factory.mktemp("labelled")
+    torch.manual_seed(0)
+    opts = EncodeOptions(vae=str(standins.write_vae(world / "vae")), text_model=standins.write_clip(world / "clip"),
+                         resolution=32, batch_size=2)
+    make_brushdata(world / "raw", shards=2, per_shard=3)
+    pack(world / "canon", "brushdata", plan_brushdata([world / "raw"]), PackOptions(), progress=False)
+    for split in ("train", "val"):
+        encode(world / "canon", world / "latent" / split, opts, progress=False)
+    return world / "latent"
 
 
 def unnamed(tmp_path: Path, root: Path, *extra: str) -> list[str]:
@@ -24,15 +43,9 @@ def unnamed(tmp_path: Path, root: Path, *extra: str) -> list[str]:
     return [item for item in run_overrides(tmp_path, root) if not item.startswith("data.name=")] + list(extra)
 
 
-def test_a_run_given_only_data_path_is_named_after_its_shards_source(tmp_path: Path, latent_root: Path) -> None:
-    inception = standins.write_inception(tmp_path / "standin-inception.pt")
-    assert main(["eval", "reference", str(latent_root / "val"), f"eval.inception_weights={inception}"]) == 0
-    cfg = load_config(unnamed(tmp_path, latent_root, "arm=mask0", "eval.points=[1.0]",
-                              f"eval.inception_weights={inception}"))
-    assert cfg.data.name == "brushdata" and run_id(cfg).startswith("mask0-brushdata-")
-    run_dir = train(cfg)
-    assert run_dir.name == run_id(cfg)
-    assert [row["dataset"] for row in read_rows([tmp_path / "lb.csv"])] == ["brushdata"]
+# A run given only data.path, trained end to end, is named after its shards' source (run id, run directory and
+# leaderboard rows): asserted on the latent run of tests/test_latent_run.py::test_latent_run_decodes_samples_and_
+# scores_fid_and_clip, which trains without data.name, so that one training and evaluation serves both.
 
 
 @pytest.mark.parametrize("name", ["data=sa1b", "data=synth", "data.name=photos"])
@@ -51,6 +64,7 @@ def test_a_name_that_agrees_with_the_manifest_is_kept(tmp_path: Path, latent_roo
 
 def test_a_manifest_without_a_source_labels_the_data_after_its_folder(tmp_path: Path, latent_root: Path,
                                                                       capsys: pytest.CaptureFixture) -> None:
+    latent_root = shutil.copytree(latent_root, tmp_path / "latent")  # the shared shards stay as encoded
     manifest = latent_root / "train" / "manifest.json"
     recorded = json.loads(manifest.read_text())
     del recorded["source"]  # as written before sources were recorded

@@ -19,9 +19,10 @@ from maskbench.models import objective
 from maskbench.models.build import build_model
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.objective import demote, route_choice, windowed_flow_loss
+from maskbench.runs.launch import train
 from maskbench.train.loop import Trainer
 from maskbench.train.schedule import batch_step_flops, downscaled_count, make_schedule, step_generator
-from tests.conftest import randomized, tiny_overrides
+from tests.conftest import SMALL_EVAL, randomized, tiny_overrides
 from tests.test_arms import _inputs, _model, _sample_mse
 
 ROUTES = "train.demote_routes=[{ratio: 0.75, t: [0.0, 0.5], priority: 1}, {ratio: 0.5, t: [0.3, 1.0]}]"
@@ -136,7 +137,7 @@ def test_planned_step_flops_equal_the_flop_counter_on_the_demoted_batches(tmp_pa
 
 
 def test_route_table_arm_trains_to_its_exact_budget(tmp_path, synth_root, monkeypatch) -> None:
-    cfg = load_config(["arm=downscale_routes", *tiny_overrides(tmp_path, synth_root, "eval.points=[1.0]")])
+    cfg = load_config(["arm=downscale_routes", *tiny_overrides(tmp_path, synth_root, "eval.points=[1.0]", *SMALL_EVAL)])
     sizes: list[int] = []
     original = objective.flow_loss
     monkeypatch.setattr(objective, "flow_loss", lambda model, x0, *a, **k: sizes.append(x0.shape[-1]) or
@@ -151,7 +152,8 @@ def test_a_phase_without_demotion_trains_native_and_is_planned_at_the_native_cos
                                                                                  monkeypatch) -> None:
     """downscale_routes_late (anima's schedule): every step of its first 25% trains every sample at 32 px and
     is planned at a native step's cost; the routes start at the switch, and the run spends its exact budget."""
-    cfg = load_config(["arm=downscale_routes_late", *tiny_overrides(tmp_path, synth_root, "eval.points=[1.0]")])
+    cfg = load_config(["arm=downscale_routes_late", *tiny_overrides(tmp_path, synth_root, "eval.points=[1.0]",
+                                                                     *SMALL_EVAL)])
     data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
     assert format_arm(cfg.arm) == "0@25%/native,0@75%"                            # the leaderboard's phases column
     native, late = make_schedule(cfg, data, n_streams=1).phases
@@ -174,8 +176,7 @@ def test_a_phase_without_demotion_trains_native_and_is_planned_at_the_native_cos
 def test_probe_certifies_a_route_table_that_run_takes(tmp_path, synth_root, capsys) -> None:
     """`--certify` with a tolerance every finite gap passes: the arm file holds the 0.75 route on every bin with
     signal, and `maskbench run arm=FILE` loads it."""
-    from tests.test_gradfid import train
-    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]")))
+    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]", *SMALL_EVAL)))
     arm = tmp_path / "certified.yaml"
     assert main(["probe", "gradfid", str(run_dir), "--bins", "2", "--batches", "3", "--batch-size", "4",
                  "--demote", "0.75", "--certify", "100", "--certify-out", str(arm)]) == 0

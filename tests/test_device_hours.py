@@ -3,17 +3,21 @@ evaluating, checkpointing and resuming each have their own column."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import time
 import types
 
+import pytest
 import torch
 
+import maskbench.runs.record as record
 import maskbench.train.loop as loop
 from maskbench.config import load_config
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
-from tests.conftest import tiny_overrides
+from tests.conftest import SMALL_EVAL, tiny_overrides
 
 DELAY = 1000.0  # fake seconds each batch takes to load: far above any real step, so no timing can blur it
 
@@ -31,7 +35,11 @@ class SlowClock:
         return time.monotonic() + self.offset
 
 
-def test_a_slow_loader_shows_in_data_wait_and_not_in_gpu_hours(tmp_path, synth_root, monkeypatch):
+@pytest.fixture(scope="module")
+def instrumented(tmp_path_factory, synth_root) -> tuple[dict, str]:
+    """One compiled run whose loader is slow (on the fake clock) under a stand-in peak of 1 FLOP/s: its row and
+    its stderr. Each test below reads the part its column or warning is about."""
+    tmp_path = tmp_path_factory.mktemp("device_hours")
     clock, batch, real_decoder = SlowClock(), 8, loop.loader_decoder
 
     def slow_decoder(data, model_cfg):
@@ -42,32 +50,35 @@ def test_a_slow_loader_shows_in_data_wait_and_not_in_gpu_hours(tmp_path, synth_r
             return decode(sample)
         return slow
 
-    monkeypatch.setattr(loop, "loader_decoder", slow_decoder)
-    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
-                                                            monotonic=clock.monotonic))
-    train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]",
-                                     f"train.batch_size={batch}", "data.shuffle_buffer=8",
-                                     "data.num_workers=0")))  # decoded here, where the fake clock runs
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stderr(err):
+        monkeypatch.setattr(loop, "loader_decoder", slow_decoder)
+        monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
+                                                                monotonic=clock.monotonic))
+        monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
+        monkeypatch.setattr(record, "device_peak", lambda device, precision: (1.0, "measured:stand-in"))
+        train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]",
+                                         f"train.batch_size={batch}", "data.shuffle_buffer=8", "train.compile=true",
+                                         "data.num_workers=0", *SMALL_EVAL)))  # decoded here, where the fake clock runs
     (row,) = read_rows([tmp_path / "leaderboard.csv"])
+    return row, err.getvalue()
+
+
+def test_a_slow_loader_shows_in_data_wait_and_not_in_gpu_hours(instrumented):
+    row, _ = instrumented
     assert row["data_wait_s"] >= DELAY * row["step"]
     assert row["gpu_hours"] * 3600 < DELAY  # the steps' own time: no batch's loading in it
 
 
-def test_compilation_has_its_own_column(tmp_path, synth_root, monkeypatch):
-    """The first step of each compiled graph (one per phase here) counts as compilation, not training."""
-    monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
-    train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask75_then0", "eval.points=[1.0]",
-                                     "train.compile=true")))
-    (row,) = read_rows([tmp_path / "leaderboard.csv"])
+def test_compilation_has_its_own_column(instrumented):
+    """The first step of the compiled graph counts as compilation, not training."""
+    row, _ = instrumented
     assert row["compile_s"] > 0 and row["gpu_hours"] > 0
     assert row["checkpoint_s"] > 0  # the final point's checkpoint was written before its row
 
 
-def test_an_mfu_above_one_warns_that_the_peak_is_too_low(tmp_path, synth_root, monkeypatch, capsys):
+def test_an_mfu_above_one_warns_that_the_peak_is_too_low(instrumented):
     """A peak measured while the machine was busy understates it; the run says so instead of printing a
     utilisation above 100% as if it were one."""
-    import maskbench.runs.launch as launch
-
-    monkeypatch.setattr(launch, "device_peak", lambda device, precision: (1.0, "measured:stand-in"))
-    train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]")))
-    assert "bench peak --remeasure" in capsys.readouterr().err
+    _, err = instrumented
+    assert "bench peak --remeasure" in err

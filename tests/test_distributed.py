@@ -4,6 +4,9 @@ A step's data and randomness are a function of its data stream (process × micro
 2-process run and a 1-process run with train.grad_accum=2 train on the same samples with the same
 noise; the only difference left is where the two halves of the gradient are summed (a gloo
 all-reduce or autograd accumulation), so their loss traces must agree to float rounding (LOSS_RTOL).
+
+The 2-process runs share torchrun launches (tests/launch_commands.py runs several `maskbench` commands in one,
+each starting its own process group): a launch costs seconds of imports per process before any work.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 import torch
 
 from maskbench.cli import main
-from maskbench.config import demote_routes, known_arms, load_config
+from maskbench.config import demote_routes, load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.loader import make_loader
 from maskbench.eval.evaluate import load_samples
@@ -31,22 +34,51 @@ from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
 from maskbench.train.loop import Trainer, make_accelerator
 from maskbench.train.steplog import batch_digest
-from tests.conftest import arm_overrides, tiny_overrides
+from tests.conftest import arm_overrides, distinct_arms, tiny_overrides
+
+LAUNCH = Path(__file__).with_name("launch_commands.py")
 
 LOSS_RTOL = 1e-5   # float32 summation order; observed bit-identical on CPU
 ARM = ("arm=mask75_then0", "budget.flops=1.4e9", "data.shuffle_buffer=32")
+
+CONVERT = """arm:
+  name: convert
+  phases:
+    - {mask_ratio: 0.0, fraction: 0.5, trainable: skips}
+    - {mask_ratio: 0.0, fraction: 0.5}
+model:
+  long_skip: concat_ln
+"""
 
 
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _torchrun(tmp: Path, synth_root: Path, *extra: str, base: tuple[str, ...] = ARM) -> None:
+def _launch(tmp: Path, *commands: dict) -> subprocess.CompletedProcess:
+    """The `maskbench` commands, one after another, in both processes of one torchrun launch (2 CPU processes,
+    gloo): a launch costs seconds of imports per process, so the 2-process checks share them."""
+    plan = tmp / f"plan-{len(list(tmp.glob('plan-*.json')))}.json"
+    plan.write_text(json.dumps(list(commands)))
+    for out in {command["out"] for command in commands}:  # what an earlier launch in the same folder left
+        for rank in (0, 1):
+            (Path(out) / f"rank-{rank}.rc").unlink(missing_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "maskbench", "run", *tiny_overrides(tmp, synth_root, *base, *extra)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+               str(LAUNCH), str(plan)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _run(out: Path, synth_root: Path, *extra: str, base: tuple[str, ...] = ARM, skewed_clock: bool = False) -> dict:
+    """One `maskbench run` of a launch, in folder `out` (its runs/ and leaderboard.csv)."""
+    return {"argv": ["run", *tiny_overrides(out, synth_root, *base, *extra)], "out": str(out),
+            "skewed_clock": skewed_clock}
+
+
+def _finished(out: Path, done: subprocess.CompletedProcess) -> None:
+    """Both processes ran the command in `out` to exit code 0."""
+    codes = [(out / f"rank-{rank}.rc").read_text() if (out / f"rank-{rank}.rc").exists() else None for rank in (0, 1)]
+    assert codes == ["0", "0"], (codes, done.stderr[-3000:])
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +88,41 @@ def one_process(tmp_path_factory, synth_root) -> Path:
     return train(load_config(tiny_overrides(tmp, synth_root, *ARM, "train.grad_accum=2")))
 
 
-def test_two_processes_with_resume_match_one_process(tmp_path, synth_root, one_process, capsys):
-    _torchrun(tmp_path, synth_root, "train.stop_at_step=3")
-    [run_dir] = (tmp_path / "runs").iterdir()
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory, synth_root, one_process) -> dict:
+    """One torchrun launch of the 2-process runs below (each in its own folder): the first 3 steps of the run
+    that is then resumed, MaskDiT across its switch, the conversion's two stages, and a rank whose clock runs
+    ahead. The conversion's 1-process reference is trained here first, in this process; its source is the
+    1-process reference run above (a trained DiT of the same model)."""
+    tmp = tmp_path_factory.mktemp("two")
+    (tmp / "convert.yaml").write_text(CONVERT)
+    convert = (f"arm={tmp / 'convert.yaml'}", f"init_from={one_process}", "budget.flops=1.5e9", "eval.points=[1.0]",
+               "data.shuffle_buffer=32")
+    one_convert = train(load_config(tiny_overrides(tmp / "one", synth_root, *convert, "train.grad_accum=2")))
+    done = _launch(tmp, _run(tmp / "resume", synth_root, "train.stop_at_step=3"),
+                   _run(tmp / "maskdit", synth_root, "arm=maskdit50", "budget.flops=2e9", "eval.points=[1.0]",
+                        "data.shuffle_buffer=32", base=()),
+                   _run(tmp / "convert", synth_root, *convert, base=()),
+                   _run(tmp / "skewed", synth_root, "eval.points=[1.0]", "budget.flops=1e9", skewed_clock=True))
+    return {"tmp": tmp, "done": done, "one_convert": one_convert}
+
+
+def test_two_processes_with_resume_match_one_process(synth_root, one_process, two_processes, capsys):
+    tmp = two_processes["tmp"] / "resume"
+    _finished(tmp, two_processes["done"])
+    [run_dir] = (tmp / "runs").iterdir()
     assert len(_metrics(run_dir)) == 3 and not (run_dir / "done.json").exists()
     # one process cannot resume it: each rank replays its own data streams
-    assert main(["run", *tiny_overrides(tmp_path, synth_root, *ARM)]) == 2
+    assert main(["run", *tiny_overrides(tmp, synth_root, *ARM)]) == 2
     assert "was trained on 2 processes" in capsys.readouterr().err
-    _torchrun(tmp_path, synth_root)  # resumes on both ranks from step 3
+    done = _launch(tmp, _run(tmp, synth_root))  # resumes on both ranks from step 3
+    _finished(tmp, done)
     two, one = _metrics(run_dir), _metrics(one_process)
     assert (run_dir / "done.json").exists() and len(two) == len(one) > 10
     assert [m["data_digest"] for m in two] == [m["data_digest"] for m in one]
     for a, b in zip(two, one):
         assert a["loss"] == pytest.approx(b["loss"], rel=LOSS_RTOL), (a["step"], a["loss"], b["loss"])
-    rows = read_rows([tmp_path / "leaderboard.csv"])
+    rows = read_rows([tmp / "leaderboard.csv"])
     assert [r["point"] for r in rows] == [0.5, 1.0]                       # written once, by rank 0
     # MFU is recorded (its size is a timing figure: benchmarks/step_time.py prints it)
     assert all(r["n_devices"] == 2 and r["batch_size"] == 8 and r["mfu"] > 0 for r in rows)
@@ -107,47 +160,30 @@ def test_batch_must_split_evenly_over_streams(tmp_path, synth_root):
         Trainer(load_config(tiny_overrides(tmp_path, synth_root, "train.grad_accum=3")))
 
 
-def test_maskdit_crosses_its_switch_on_two_processes(tmp_path, synth_root):
+def test_maskdit_crosses_its_switch_on_two_processes(two_processes):
     """At mask 0 MaskDiT's mask token gets no gradient (nothing is dropped, so nothing is filled); DDP must
     still finish the step (with find_unused_parameters=False it stops at the switch: "Expected to have
     finished reduction in the prior iteration")."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "maskbench", "run", *tiny_overrides(tmp_path, synth_root, "arm=maskdit50", "budget.flops=3e9",
-                                                          "eval.points=[1.0]", "data.shuffle_buffer=32")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run_dir] = (tmp_path / "runs").iterdir()
+    tmp = two_processes["tmp"] / "maskdit"
+    _finished(tmp, two_processes["done"])
+    [run_dir] = (tmp / "runs").iterdir()
     ratios = [m["mask_ratio"] for m in _metrics(run_dir)]
     assert ratios[0] == 0.5 and ratios[-3:] == [0.0] * 3 and (run_dir / "done.json").exists()
 
 
-CONVERT = """arm:
-  name: convert
-  phases:
-    - {mask_ratio: 0.0, fraction: 0.5, trainable: skips}
-    - {mask_ratio: 0.0, fraction: 0.5}
-model:
-  long_skip: concat_ln
-"""
-
-
-def test_a_conversion_runs_its_frozen_and_full_stages_on_two_processes(tmp_path, synth_root):
+def test_a_conversion_runs_its_frozen_and_full_stages_on_two_processes(two_processes):
     """Skip-DiT's conversion freezes all but the new skips after DDP wrapped the model, then unfreezes them:
     DDP finds the frozen ones unused (their grads stay None, so AdamW leaves them), and 2 processes train
     what 1 process with 2 micro-batches does, through the switch."""
-    source = train(load_config(tiny_overrides(tmp_path / "source", synth_root, "arm=mask0", "eval.points=[1.0]")))
-    (tmp_path / "convert.yaml").write_text(CONVERT)
-    convert = (f"arm={tmp_path / 'convert.yaml'}", f"init_from={source}", "budget.flops=5e9", "eval.points=[1.0]",
-               "data.shuffle_buffer=32")
-    one = train(load_config(tiny_overrides(tmp_path / "one", synth_root, *convert, "train.grad_accum=2")))
-    _torchrun(tmp_path / "two", synth_root, *convert, base=())
-    [two] = (tmp_path / "two" / "runs").iterdir()
+    tmp = two_processes["tmp"] / "convert"
+    _finished(tmp, two_processes["done"])
+    [two] = (tmp / "runs").iterdir()
+    one = two_processes["one_convert"]
     assert [m["loss"] for m in _metrics(two)] == pytest.approx([m["loss"] for m in _metrics(one)], rel=LOSS_RTOL)
-    assert read_rows([tmp_path / "two" / "leaderboard.csv"])[-1]["switch_step"] > 0
+    assert read_rows([tmp / "leaderboard.csv"])[-1]["switch_step"] > 0
 
 
-@pytest.mark.parametrize("arm", [a for a in known_arms() if a != "lsc_convert"])  # lsc_convert: a source run, above
+@pytest.mark.parametrize("arm", distinct_arms())  # each arm another does not cover (its phases, same options)
 def test_idle_parameters_are_exactly_those_a_phase_gives_no_gradient(tmp_path, synth_root, arm):
     """DDP is told to look for unused parameters only when `idle_parameters` names some; a real backward of
     each phase of each shipped arm must leave exactly those without a gradient, or a multi-GPU run stops."""
@@ -171,32 +207,14 @@ def test_idle_parameters_are_exactly_those_a_phase_gives_no_gradient(tmp_path, s
         assert no_grad == set(idle_parameters(cfg.model, phase.mask_ratio)), (arm, phase.mask_ratio)
 
 
-SKEWED_CLOCK = """
-import os, sys, time
-import maskbench.train.loop as loop
-from maskbench.cli import main
-
-if os.environ["RANK"] == "1":  # this rank believes an hour passes between any two readings
-    real = time.monotonic
-    calls = iter(range(10**9))
-    loop.time = type("SkewedTime", (), {"perf_counter": staticmethod(time.perf_counter),
-                                        "monotonic": staticmethod(lambda: real() + 3600 * next(calls))})
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def test_a_rank_whose_clock_runs_ahead_does_not_checkpoint_alone(tmp_path, synth_root):
+def test_a_rank_whose_clock_runs_ahead_does_not_checkpoint_alone(two_processes):
     """The periodic checkpoint is a collective (every rank saves, then meets in a barrier): if each rank
     decided it from its own clock, the one that runs ahead would wait in the barrier while the other
-    entered the next step's all-reduce. Rank 0's clock decides for both; the run finishes."""
-    script = tmp_path / "skewed.py"
-    script.write_text(SKEWED_CLOCK)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-               "run", *tiny_overrides(tmp_path, synth_root, *ARM, "eval.points=[1.0]")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run_dir] = (tmp_path / "runs").iterdir()
+    entered the next step's all-reduce. Rank 0's clock decides for both; the run finishes. (Rank 1's clock
+    reads an hour ahead at every reading: tests/launch_commands.py.)"""
+    tmp = two_processes["tmp"] / "skewed"
+    _finished(tmp, two_processes["done"])
+    [run_dir] = (tmp / "runs").iterdir()
     assert (run_dir / "done.json").exists()
     assert not any(p.name.startswith("step-") for p in (run_dir / "checkpoints").iterdir())  # rank 0: none due
 

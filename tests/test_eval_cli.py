@@ -17,10 +17,19 @@ from maskbench.weights import ENV
 from tests.conftest import tiny_overrides
 
 
-def test_reevaluating_a_point_reproduces_its_metrics_and_appends_a_row(tmp_path, synth_root, capsys):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, synth_root) -> Path:
+    """One run with two eval points, a larger final sample, and a randomly initialised CLIP model; the tests
+    below read it, and only the re-evaluation test adds to it (a point's record and row)."""
+    tmp_path = tmp_path_factory.mktemp("eval_cli")
+    return train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.final_n_samples=12",
+                                            "eval.clip_model=ViT-S-32-alt")))
+
+
+def test_reevaluating_a_point_reproduces_its_metrics_and_appends_a_row(trained, capsys):
     """Each metric's sampling error is recorded beside it (and reproduced), and the final point samples
     eval.final_n_samples prompts, in training and in re-evaluation alike."""
-    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.final_n_samples=12")))
+    run_dir = trained
     assert main(["eval", str(run_dir), "--point", "1"]) == 0
     assert "point 1 (step" in capsys.readouterr().out
     records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
@@ -29,15 +38,15 @@ def test_reevaluating_a_point_reproduces_its_metrics_and_appends_a_row(tmp_path,
     for metric in ("val_loss", "fid", "align_acc", "step", "train_flops", "mfu", *errors, "fid_ci"):
         assert again[metric] == first[metric], metric
     assert [r["fid_n"] for r in records] == [8, 12, 12] and len(first["fid_ci"]) == 2
-    rows = read_rows([tmp_path / "leaderboard.csv"])
+    rows = read_rows([run_dir.parent.parent / "leaderboard.csv"])
     assert len(rows) == 3   # 2 points trained + 1 re-evaluated
     assert all(row[name] is not None for row in rows for name in errors)
 
 
-def test_eval_of_a_missing_point_or_key_is_refused(tmp_path, synth_root, capsys):
-    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]")))
-    assert main(["eval", str(run_dir), "--point", "0.5"]) == 2
-    assert "no checkpoint for point 0.5 (have: 1)" in capsys.readouterr().err
+def test_eval_of_a_missing_point_or_key_is_refused(trained, capsys):
+    run_dir = trained
+    assert main(["eval", str(run_dir), "--point", "0.25"]) == 2
+    assert "no checkpoint for point 0.25 (have: 0.5, 1)" in capsys.readouterr().err
     assert main(["eval", str(run_dir), "train.lr=1"]) == 2
     assert "only eval.* and paths.*" in capsys.readouterr().err
 
@@ -50,6 +59,17 @@ def relabelled(root: Path, out: Path, source: str) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def real_inputs(tmp_path_factory, synth_root) -> tuple[Path, Path, Path]:
+    """Read only by the refusals below: the synth shards relabelled as photos, a file that is not TorchScript
+    where the Inception weights go, and stand-in Inception weights."""
+    tmp_path = tmp_path_factory.mktemp("real_inputs")
+    weights = tmp_path / "inception.pt"
+    weights.write_bytes(b"a TorchScript file would be here")
+    return (relabelled(synth_root, tmp_path / "photos", "photos"), weights,
+            standins.write_inception(tmp_path / "standin-inception.pt"))
+
+
 @pytest.mark.parametrize("case, expected", [
     ("too_many", "eval.n_samples=100 / eval.val_samples=16 exceed the 64 held-out prompts"),
     ("final_too_many", "eval.n_samples=8 / eval.final_n_samples=100 / eval.val_samples=16 exceed the 64 held-out"),
@@ -59,11 +79,8 @@ def relabelled(root: Path, out: Path, source: str) -> Path:
     ("bad_weights", "are not a TorchScript file"),
     ("no_stats", "no reference statistics at"),
 ])
-def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, capsys, case, expected):
-    photos = relabelled(synth_root, tmp_path / "photos", "photos")
-    weights = tmp_path / "inception.pt"
-    weights.write_bytes(b"a TorchScript file would be here")
-    standin = standins.write_inception(tmp_path / "standin-inception.pt")
+def test_bad_eval_inputs_exit_2_before_training(tmp_path, synth_root, real_inputs, capsys, case, expected):
+    photos, weights, standin = real_inputs
     extra = {
         "too_many": ["eval.n_samples=100"],
         "final_too_many": ["eval.final_n_samples=100"],
@@ -97,12 +114,12 @@ def test_eval_reference_refuses_missing_or_unknown_keys_in_one_line(tmp_path, sy
     assert len(err.splitlines()) == 1 and expected in err, err
 
 
-def test_random_clip_runs_end_to_end_but_is_never_written_as_a_clip_score(tmp_path, synth_root):
+def test_random_clip_runs_end_to_end_but_is_never_written_as_a_clip_score(trained):
     """eval.clip_model without eval.clip_weights scores with a randomly initialised open_clip model:
     the plumbing runs, and the rows keep the CLIP columns empty."""
-    run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]",
-                                               "eval.clip_model=ViT-S-32-alt")))
-    [row] = read_rows([tmp_path / "leaderboard.csv"])
-    assert row["clip_score"] is None and row["clip_cos"] is None and row["clip_model"] is None
-    record = json.loads((run_dir / "eval.jsonl").read_text())
-    assert -1.0 <= record["clip_random_init"]["clip_cos"] <= 1.0 and record["clip_score"] is None
+    rows = read_rows([trained.parent.parent / "leaderboard.csv"])
+    assert rows and all(row["clip_score"] is None and row["clip_cos"] is None and row["clip_model"] is None
+                        for row in rows)
+    records = [json.loads(line) for line in (trained / "eval.jsonl").read_text().splitlines()]
+    assert records and all(-1.0 <= record["clip_random_init"]["clip_cos"] <= 1.0 and record["clip_score"] is None
+                           for record in records)

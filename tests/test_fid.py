@@ -1,9 +1,11 @@
 """Fréchet distance, feature statistics, offline Inception loading, multi-rank gathering."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -133,10 +135,13 @@ def test_inception_rejects_float_images(tiny_inception):
 
 
 GATHER_SCRIPT = """
-import json, sys
+import json, os, sys
 import numpy as np, torch
 from accelerate import Accelerator
 from maskbench.eval.fid import gather_to_main
+# the process group through a file in the test's folder (no port to pick); Accelerate takes it from the env as torchrun's
+torch.distributed.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=int(os.environ["RANK"]),
+                                     world_size=int(os.environ["WORLD_SIZE"]))
 acc = Accelerator(cpu=True)
 rank = acc.process_index
 held = []  # the rows each gather call leaves on this rank: its send, and on the main process what it receives
@@ -160,9 +165,23 @@ def test_only_the_main_process_gathers_the_rows_in_rank_order_a_chunk_at_a_time(
     script = tmp_path / "gather.py"
     script.write_text(textwrap.dedent(GATHER_SCRIPT))
     out = tmp_path / "gathered"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run([*torchrun, str(script), str(out)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the 2 ranks started as torchrun starts them (its env), without a launcher process of their own
+    env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    logs = [tmp_path / f"rank-{rank}.err" for rank in (0, 1)]
+    ranks = []
+    for rank, log in enumerate(logs):
+        with log.open("w") as stderr:
+            ranks.append(subprocess.Popen([sys.executable, str(script), str(out), str(tmp_path / "store")],
+                                          env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=stderr))
+    deadline = time.monotonic() + 120
+    try:  # as torchrun's launcher: until both exit, or one fails (the other would wait for it)
+        while any(p.poll() is None for p in ranks) and not any(p.poll() for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.wait()
+    assert [p.returncode for p in ranks] == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     main, other = (json.loads((tmp_path / f"gathered-{rank}.json").read_text()) for rank in (0, 1))
     assert main["gathered"] == [0, 1, 2, 3, 4, 10, 11, 12] and other["gathered"] is None
     assert main["held"] == [2 + 2 * 2] * 3 and other["held"] == [2] * 3  # 3 rounds: ceil(5 / 2)

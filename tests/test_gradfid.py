@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from maskbench.results.estimators import debiased_cosine
 from maskbench.runs import gradfid
 from maskbench.runs.gradfid import probe_gradfid
 from maskbench.runs.launch import train
-from tests.conftest import tiny_overrides
+from tests.conftest import FAST, tiny_overrides
 
 DIM, N, TRUE_COS, NOISE = 2000, 16, 0.6, 0.1  # per-coordinate noise: |noise|² = 20 × |signal|²
 
@@ -186,10 +187,9 @@ def test_gram_in_chunks_equals_the_fp64_product(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, synth_root) -> Path:
-    """A tiny trained synth run (a few seconds), shared by the probe tests."""
-    return train(load_config(tiny_overrides(tmp_path_factory.mktemp("gradfid"), synth_root, "arm=mask0",
-                                            "eval.points=[1.0]")))
+def run_dir(tmp_path_factory, paired_runs) -> Path:
+    """A tiny trained synth mask0 run (test_paired_draws' own), copied: the probe writes into it."""
+    return Path(shutil.copytree(paired_runs["mask0"], tmp_path_factory.mktemp("gradfid") / paired_runs["mask0"].name))
 
 
 def test_probe_writes_map_of_every_route_and_bin(run_dir, capsys):
@@ -227,7 +227,8 @@ def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
 def test_a_learned_gate_run_is_probed_on_its_native_grid_only(tmp_path, synth_root, capsys):
     """ScaleLong's LS gate exists only on the native token grid: the probe leaves demotion out by
     default (it failed mid-probe before) and refuses an explicit --demote before any work."""
-    gated = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=lsc_scalelong_ls", "eval.points=[1.0]")))
+    gated = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=lsc_scalelong_ls", "eval.points=[1.0]",
+                                             "budget.flops=1e9", *FAST)))  # the probe reads the weights only
     rows = probe_gradfid(gated, bins=1, batches=3, batch_size=4)
     assert [r["route"] for r in rows] == ["mask50", "mask75", "sprint75", "native2"]
     assert main(["probe", "gradfid", str(gated), "--batches", "3", "--demote", "0.5"]) == 2

@@ -16,6 +16,7 @@ from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
 from maskbench.train.schedule import make_schedule
 from tests.conftest import tiny_overrides
+from tests.paired_runs import PAIRED_BUDGET, leaderboard_of, paired_overrides
 
 
 def _checkpoint(run_dir: Path, point: str) -> Path:
@@ -23,17 +24,19 @@ def _checkpoint(run_dir: Path, point: str) -> Path:
 
 
 @pytest.mark.parametrize("arm", ["mask75", "mask75_then0"])
-def test_a_decay_branch_trains_to_the_weights_of_a_standalone_run_of_its_budget(tmp_path, synth_root, arm):
-    trunk = train(load_config(tiny_overrides(tmp_path / "trunk", synth_root, f"arm={arm}", "budget.flops=5e9",
-                                             "eval.points=[0.5,1.0]")))
-    alone = train(load_config(tiny_overrides(tmp_path / "alone", synth_root, f"arm={arm}", "budget.flops=2.5e9",
-                                             "eval.points=[1.0]")))
+def test_a_decay_branch_trains_to_the_weights_of_a_standalone_run_of_its_budget(tmp_path, synth_root, paired_runs,
+                                                                                arm):
+    # the standalone run of the 0.5 horizon's budget: test_paired_draws' run
+    trunk = train(load_config(paired_overrides(tmp_path / "trunk", synth_root, arm, f"budget.flops={2 * PAIRED_BUDGET}",
+                                               "eval.points=[0.5,1.0]")))
+    alone = paired_runs[arm]
     branch, whole = _checkpoint(trunk, "0.5"), _checkpoint(alone, "1")
     raw_a, raw_b = load_file(branch / "model.safetensors"), load_file(whole / "model.safetensors")
     assert raw_a.keys() == raw_b.keys() and all((raw_a[k] == raw_b[k]).all() for k in raw_a)
     assert (branch / "custom_checkpoint_0.pkl").read_bytes() == (whole / "custom_checkpoint_0.pkl").read_bytes()  # EMA
     trunk_rows = {r["point"]: r for r in read_rows([tmp_path / "trunk" / "leaderboard.csv"])}
-    (alone_row,) = read_rows([tmp_path / "alone" / "leaderboard.csv"])
+    (alone_row,) = read_rows([leaderboard_of(alone)])
+    assert alone_row["budget_flops"] == PAIRED_BUDGET
     assert trunk_rows[0.5]["step"] == alone_row["step"] and trunk_rows[0.5]["train_flops"] == alone_row["train_flops"]
     assert trunk_rows[0.5]["val_loss"] == alone_row["val_loss"]
     assert 0 < trunk_rows[0.5]["branch_flops"] < trunk_rows[0.5]["train_flops"] and trunk_rows[1.0]["branch_flops"] == 0

@@ -9,6 +9,7 @@ leaves CUDA runs of those suites compiled.
 from __future__ import annotations
 
 import importlib.util
+import runpy
 import subprocess
 import sys
 from collections.abc import Callable
@@ -257,11 +258,15 @@ def test_kernels_compile_for_hopper_with_wide_loads(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the benchmark runs for real: gpu_check.sh")
-def test_benchmark_skips_without_gpu(tmp_path: Path) -> None:
+def test_benchmark_skips_without_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture) -> None:
+    """The script run as a script (its `__main__` block, its directory on sys.path), in this process."""
     out = tmp_path / "kernels.csv"
     script = Path(__file__).parents[1] / "benchmarks" / "kernels.py"
-    done = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, check=True)
-    assert "skipped" in done.stdout and not out.exists()
+    monkeypatch.syspath_prepend(str(script.parent))
+    monkeypatch.setattr(sys, "argv", [str(script), "--out", str(out)])
+    runpy.run_path(str(script), run_name="__main__")
+    assert "skipped" in capsys.readouterr().out and not out.exists()
 
 
 def load_benchmark(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -289,25 +294,37 @@ def test_benchmark_refuses_an_implementation_whose_backward_disagrees(monkeypatc
         bench.check_agrees(case, ["torch-expand", "doubled"])
 
 
-@pytest.mark.parametrize("triton_module", ["absent", "without knobs"])
-def test_unusable_triton_falls_back_to_torch_with_one_warning_line(triton_module: str) -> None:
-    """On a (pretend) CUDA machine: one line when the module loads, none per call, and the torch path runs."""
+FALLBACK_SCENARIOS = ("absent", "without knobs")
+
+
+def test_unusable_triton_falls_back_to_torch_with_one_warning_line() -> None:
+    """On a (pretend) CUDA machine: one line when the module loads, none per call, and the torch path runs; for
+    a Triton that does not import and one without triton.knobs, each a fresh import of the module (one process,
+    the scenarios' output split by a marker line)."""
     code = f"""
 import sys, types, torch
-if {triton_module!r} == "absent":
-    sys.modules["triton"] = None
-else:
-    old = types.ModuleType("triton"); old.__version__ = "3.3.0"; old.language = types.ModuleType("triton.language")
-    sys.modules.update({{"triton": old, "triton.language": old.language}})
 torch.cuda.is_available = lambda: True
-from maskbench.models import kernels
-x, keep = torch.randn(2, 4, 3), torch.tensor([[0, 2], [1, 3]])
-for _ in range(3):
-    assert torch.equal(kernels.gather_tokens(x, keep), kernels.gather_tokens(x, keep, impl="torch"))
-print(kernels.triton_available())
+for triton_module in {FALLBACK_SCENARIOS!r}:
+    for name in ("triton", "triton.language", "maskbench.models.kernels"):
+        sys.modules.pop(name, None)
+    if triton_module == "absent":
+        sys.modules["triton"] = None
+    else:
+        old = types.ModuleType("triton"); old.__version__ = "3.3.0"; old.language = types.ModuleType("triton.language")
+        sys.modules.update({{"triton": old, "triton.language": old.language}})
+    from maskbench.models import kernels
+    x, keep = torch.randn(2, 4, 3), torch.tensor([[0, 2], [1, 3]])
+    for _ in range(3):
+        assert torch.equal(kernels.gather_tokens(x, keep), kernels.gather_tokens(x, keep, impl="torch"))
+    print(kernels.triton_available())
+    print("-- scenario done", file=sys.stderr, flush=True)
+    del sys.modules["maskbench.models"].kernels
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).parents[1])
-    warnings = [line for line in done.stderr.splitlines() if "maskbench:" in line]
-    assert len(warnings) == 1 and warnings[0].endswith("token drop/restore use the torch path"), done.stderr
-    assert done.stdout.split() == ["False"]
+    scenarios = done.stderr.split("-- scenario done\n")
+    assert len(scenarios) == len(FALLBACK_SCENARIOS) + 1, done.stderr
+    for stderr in scenarios[:-1]:
+        warnings = [line for line in stderr.splitlines() if "maskbench:" in line]
+        assert len(warnings) == 1 and warnings[0].endswith("token drop/restore use the torch path"), done.stderr
+    assert done.stdout.split() == ["False"] * len(FALLBACK_SCENARIOS)

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from maskbench.cli import main
-from maskbench.config import load_config
+from maskbench.config import load_config, run_id
 from maskbench.data.dataset import DatasetInfo, VaeSpec
 from maskbench.data.encode import EncodeOptions, encode
 from maskbench.data.pack import iter_tar_samples
@@ -62,12 +62,17 @@ def test_latent_run_decodes_samples_and_scores_fid_and_clip(tmp_path: Path, opts
     assert (reference.resolution, reference.n, reference.source) == (32, 6, str(shards.resolve()))
     assert load_stats(latent_root / "val" / "dinov2_stats.npz").mu.shape == (192,)
 
-    cfg = load_config(run_overrides(tmp_path, latent_root, f"eval.inception_weights={inception}",
-                                    f"eval.clip_model={opts.text_model}", "eval.dinov2_model=vit_tiny_patch16_224",
-                                    f"eval.dinov2_weights={dinov2}"))
+    # data.path alone names the data (tests/test_data_label.py): the run is named after its shards' source
+    overrides = [item for item in run_overrides(tmp_path, latent_root, f"eval.inception_weights={inception}",
+                                                f"eval.clip_model={opts.text_model}",
+                                                "eval.dinov2_model=vit_tiny_patch16_224",
+                                                f"eval.dinov2_weights={dinov2}") if not item.startswith("data.name=")]
+    cfg = load_config(overrides)
+    assert cfg.data.name == "brushdata" and run_id(cfg).startswith(f"{cfg.arm.name}-brushdata-")
     run_dir = train(cfg)
+    assert run_dir.name == run_id(cfg)
     rows = read_rows([tmp_path / "lb.csv"])
-    assert [row["point"] for row in rows] == [0.5, 1.0]
+    assert [row["point"] for row in rows] == [0.5, 1.0] and {row["dataset"] for row in rows} == {"brushdata"}
     for row in rows:
         assert row["resolution"] == 16 and row["val_loss"] > 0 and row["fid"] > 0
         assert row["fid_features"] == STANDIN_FEATURES_NAME and row["fid_n"] == 4 and row["fid_ref"] == reference.label
@@ -148,10 +153,12 @@ def test_decoded_held_out_latents_score_far_below_decoded_noise(tmp_path: Path) 
     oracle = load_oracle()
     oracle_reference = FeatureStats.from_features(oracle(to_uint8(load_eval_set(pixels_val, 64).images)), oracle.name)
     oracle_fd = fid_against(oracle_reference, oracle, decoder)
-    print(f"decoded held-out latents / decoded noise: stand-in FID {inception_fid(held_out):.2f} / "
-          f"{inception_fid(noise):.2f}, oracle FD {oracle_fd(held_out):.0f} / {oracle_fd(noise):.0f}")
-    assert inception_fid(held_out) * 2 < inception_fid(noise)
-    assert oracle_fd(held_out) * 5 < oracle_fd(noise)
+    fid_held_out, fid_noise = inception_fid(held_out), inception_fid(noise)
+    fd_held_out, fd_noise = oracle_fd(held_out), oracle_fd(noise)
+    print(f"decoded held-out latents / decoded noise: stand-in FID {fid_held_out:.2f} / {fid_noise:.2f}, "
+          f"oracle FD {fd_held_out:.0f} / {fd_noise:.0f}")
+    assert fid_held_out * 2 < fid_noise
+    assert fd_held_out * 5 < fd_noise
 
 
 def fid_against(reference: FeatureStats, features, decoder: LatentDecoder):

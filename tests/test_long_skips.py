@@ -18,7 +18,7 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import interpolate
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
-from tests.conftest import randomized, tiny_overrides
+from tests.conftest import SMALL_EVAL, randomized, tiny_overrides
 
 B, IMAGE = 3, 16  # a 4×4 token grid at patch 4
 GATE_IMAGE = 32   # 8×8 = 64 tokens: the gate has 64 // 16 = 4 hidden units
@@ -237,7 +237,7 @@ def test_per_skip_gates_train_on_masked_steps(tmp_path, synth_root) -> None:
     arm = tmp_path / "ls_half.yaml"
     arm.write_text("arm:\n  phases: [{mask_ratio: 0.5, fraction: 1.0}]\n"
                    "model:\n  long_skip: concat\n  skip_scale: learned_per_skip\n")
-    cfg = load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root, "model.depth=4")])
+    cfg = load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root, "model.depth=4", *SMALL_EVAL)])
     run = train(cfg)
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps and all(step["mask_ratio"] == 0.5 and step["loss"] > 0 for step in steps)

@@ -11,17 +11,16 @@ import torch
 from maskbench.config import load_config
 from maskbench.runs.launch import train
 from maskbench.train.schedule import DRAWS, step_generator
-from tests.conftest import tiny_overrides
+from tests.paired_runs import paired_overrides
 
 
 def _steps(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_the_mission_arms_draw_identical_batches_t_dropout_and_noise_at_every_shared_step(tmp_path, synth_root):
-    runs = {arm: _steps(train(load_config(tiny_overrides(tmp_path / arm, synth_root, f"arm={arm}",
-                                                         "eval.points=[1.0]"))))
-            for arm in ("mask0", "mask75", "mask75_then0")}
+def test_the_mission_arms_draw_identical_batches_t_dropout_and_noise_at_every_shared_step(tmp_path, synth_root,
+                                                                                         paired_runs):
+    runs = {arm: _steps(paired_runs[arm]) for arm in ("mask0", "mask75", "mask75_then0")}
     shared = min(len(steps) for steps in runs.values())
     assert shared > 5
     for arm in ("mask75", "mask75_then0"):
@@ -29,8 +28,8 @@ def test_the_mission_arms_draw_identical_batches_t_dropout_and_noise_at_every_sh
             assert other["data_digest"] == base["data_digest"], (arm, base["step"])
             assert other["draw_digest"] == base["draw_digest"], (arm, base["step"])
     assert {s["mask_ratio"] for s in runs["mask75"][:shared]} == {0.75}  # the arms did differ: mask0 drew no mask
-    seed1 = _steps(train(load_config(tiny_overrides(tmp_path / "seed1", synth_root, "arm=mask0", "seed=1",
-                                                    "eval.points=[1.0]"))))
+    seed1 = _steps(train(load_config(paired_overrides(tmp_path / "seed1", synth_root, "mask0", "seed=1"))))
+    assert len(seed1) == len(runs["mask0"])
     assert all(a["draw_digest"] != b["draw_digest"] for a, b in zip(seed1, runs["mask0"]))
 
 

@@ -17,13 +17,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from maskbench.config import known_arms, load_config
+from maskbench.config import load_config
 from maskbench.data.demote import ratio_key
 from maskbench.eval.sample import euler_sample
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import make_trainer
 from maskbench.train.loop import Trainer
-from tests.conftest import arm_overrides, tiny_overrides
+from tests.conftest import arm_overrides, distinct_arms, tiny_overrides
 
 
 class StandInDeviceAccelerator(Accelerator):
@@ -72,7 +72,7 @@ class MixedDevices(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("arm", [arm for arm in known_arms() if arm != "lsc_convert"])  # lsc_convert: an init_from source
+@pytest.mark.parametrize("arm", distinct_arms())  # each arm another does not cover (its phases, same options)
 def test_every_arms_step_keeps_its_tensors_on_the_models_device(tmp_path, synth_root, arm):
     """Each phase's loss and backward with the model on a stand-in device, from a loader batch on the host
     (with the demoted latents latent shards would bring): no operation mixes host and device tensors. Every

@@ -31,7 +31,7 @@ from maskbench.runs.launch import train
 from maskbench.train import repa
 from maskbench.train.flops import repa_step_flops, train_step_flops, vit_forward_flops
 from maskbench.train.loop import Trainer
-from tests.conftest import randomized, tiny_overrides
+from tests.conftest import FAST, randomized, tiny_overrides
 
 B = 2
 
@@ -240,7 +240,7 @@ def test_latent_data_is_refused_in_one_line() -> None:
 @pytest.mark.parametrize("arm", ["repa", "repa_mask75_then0", "repa_random"])
 def test_repa_arm_trains(tmp_path, synth_root, arm: str) -> None:
     # The encoder costs ~2 steps of the test's 32-wide model (~5% of micro_s's): a budget for a few steps of each.
-    run = train(load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root, "budget.flops=4e9")]))
+    run = train(load_config([f"arm={arm}", *tiny_overrides(tmp_path, synth_root, "budget.flops=4e9", *FAST)]))
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps and all(math.isfinite(step["loss"]) for step in steps)
     # the encoder's pretraining, outside the budget, in every row: the shipped file's count; 0 for the random control

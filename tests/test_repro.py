@@ -22,9 +22,12 @@ from tests.conftest import tiny_overrides
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, synth_root) -> Path:
-    """One tiny two-phase run (first eval point at step ~half), shared read-only by every test."""
+    """One tiny two-phase run (first eval point at step ~half, a cooled branch), shared read-only by every test.
+    Its loader reads in the training process (data.num_workers=0, recorded, so the reruns' too): a worker process
+    started for each of a test's reruns costs more than its steps."""
     tmp = tmp_path_factory.mktemp("repro")
-    return train(load_config(tiny_overrides(tmp, synth_root, "arm=mask75_then0")))
+    return train(load_config(tiny_overrides(tmp, synth_root, "arm=mask75_then0", "budget.flops=1.4e9",
+                                            "data.num_workers=0")))
 
 
 def copy_run(run_dir: Path, dst: Path) -> Path:
@@ -105,14 +108,16 @@ def test_a_flipped_byte_in_the_last_checkpoint_fails_digests(run_dir, tmp_path, 
         assert out.rstrip().endswith("FAIL: digests")
 
 
-@pytest.mark.parametrize("where", ["eval.jsonl", "leaderboard"])
-def test_an_edited_record_fails_digests(run_dir, tmp_path, capsys, where):
-    """train_flops is no metric: only the digest of the last point's record can tell it changed."""
+def test_an_edited_record_fails_digests(run_dir, tmp_path, capsys):
+    """train_flops is no metric: only the digest of the last point's record can tell it changed (its eval.jsonl line
+    and its leaderboard row, both edited: each is named)."""
     run = copy_run(run_dir, tmp_path)
-    scale_recorded(run, where, -1, "train_flops", 2.0)
+    for where in ("eval.jsonl", "leaderboard"):
+        scale_recorded(run, where, -1, "train_flops", 2.0)
     assert repro_main(run, steps=2) == 1
     out = capsys.readouterr().out
-    assert table(out)["digests"] == f"FAIL  {where} point 1: record 1 of 1 changed since it was signed"
+    assert table(out)["digests"] == ("FAIL  eval.jsonl point 1: record 1 of 1 changed since it was signed; "
+                                     "leaderboard point 1: record 1 of 1 changed since it was signed")
     assert out.rstrip().endswith("FAIL: digests")
 
 
@@ -166,14 +171,17 @@ def test_tampered_point_weights_fail_rerun(run_dir, tmp_path, capsys):
     assert out.rstrip().endswith("FAIL: rerun, digests")
 
 
-@pytest.mark.parametrize("where", ["leaderboard.csv", "eval.jsonl"])
-def test_tampered_fid_fails_metrics(run_dir, tmp_path, capsys, where):
+def test_tampered_fid_fails_metrics(run_dir, tmp_path, capsys):
+    """The FID of point 0.5, changed in the leaderboard row and in the eval.jsonl line: each is named."""
     run = copy_run(run_dir, tmp_path)
-    scale_recorded(run, where, 0, "fid", 1.001)
+    for where in ("leaderboard.csv", "eval.jsonl"):
+        scale_recorded(run, where, 0, "fid", 1.001)
     assert repro_main(run, steps=2) == 1  # --steps 2: cheap reruns, loss trace only
     rows = table(capsys.readouterr().out)
-    assert rows["metrics"].startswith("FAIL") and f"point 0.5 {where}: fid recorded" in rows["metrics"]
-    assert rows["digests"].startswith("FAIL") and "point 0.5: record 1 of 1 changed since" in rows["digests"]
+    assert rows["metrics"].startswith("FAIL")
+    assert all(f"point 0.5 {where}: fid recorded" in rows["metrics"] for where in ("leaderboard.csv", "eval.jsonl"))
+    assert rows["digests"].startswith("FAIL")
+    assert all(f"{where} point 0.5: record 1 of 1 changed since" in rows["digests"] for where in ("eval.jsonl", "leaderboard"))
     assert rows["rerun"].startswith("PASS") and "weights not compared" in rows["rerun"]
 
 

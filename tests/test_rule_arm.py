@@ -23,7 +23,8 @@ from maskbench.runs.launch import train
 from maskbench.train.loop import Trainer
 from maskbench.train.schedule import batch_step_flops, make_schedule
 from maskbench.train.switch import cosine_from_products, cross_products, crossed
-from tests.conftest import tiny_overrides
+from tests.conftest import FAST, tiny_overrides
+from tests.paired_runs import leaderboard_of
 
 
 def test_cross_products_give_the_probe_estimators_debiased_cosine() -> None:
@@ -62,8 +63,16 @@ def _arm(tmp: Path, threshold: float, every: int = 2, per_flop: bool = False) ->
 
 
 def _cfg(tmp: Path, synth_root: Path, threshold: float, *extra: str, every: int = 2, per_flop: bool = False):
+    """~30 steps (~11 checks at every 2); no eval metric is read but the val loss, compared between runs alike."""
     return load_config(tiny_overrides(tmp, synth_root, f"arm={_arm(tmp, threshold, every, per_flop)}",
-                                      "budget.flops=1e10", "eval.points=[1.0]", *extra))
+                                      "budget.flops=5e9", "eval.points=[1.0]", *FAST, *extra))
+
+
+@pytest.fixture(scope="module")
+def never(tmp_path_factory, synth_root) -> Path:
+    """The rule run whose rule never fires, with a cooled horizon at 0.5: its checks' logged cosines give the switch
+    test its threshold (the trunk's checks are a one-point run's), and it is the cooled-horizon test's trunk at -1."""
+    return train(_cfg(tmp_path_factory.mktemp("never"), synth_root, -1.0, "eval.points=[0.5,1.0]"))
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -95,8 +104,7 @@ def test_the_probe_costs_what_the_plan_charges(tmp_path, synth_root):
     assert all(p.grad is None for p in trainer.net.parameters())  # the probe leaves the step's gradients alone
 
 
-def test_a_cosine_rule_switches_at_its_first_crossing_and_spends_the_budget(tmp_path, synth_root):
-    never = train(_cfg(tmp_path / "never", synth_root, -1.0))
+def test_a_cosine_rule_switches_at_its_first_crossing_and_spends_the_budget(tmp_path, synth_root, never):
     checks = [(r["step"], r["until"]["cosine"]) for r in _records(never) if "until" in r]
     values = np.array([v for _, v in checks])  # NaN where a part's signal is below its noise (2 samples a part)
     finite = values[np.isfinite(values)]
@@ -118,7 +126,7 @@ def test_a_cosine_rule_switches_at_its_first_crossing_and_spends_the_budget(tmp_
 
 
 def test_a_per_flop_rule_divides_the_cosine_by_the_masked_steps_share(tmp_path, synth_root):
-    cfg = _cfg(tmp_path, synth_root, 2.5, per_flop=True, every=4)
+    cfg = _cfg(tmp_path, synth_root, 2.5, "budget.flops=2.5e9", per_flop=True, every=4)
     data = resolve_dataset(cfg.data, cfg.paths.data)
     share = batch_step_flops(cfg, data, 0.75) / batch_step_flops(cfg, data, 0.0)
     checks = [r["until"] for r in _records(train(cfg)) if "until" in r]
@@ -131,15 +139,18 @@ def test_a_per_flop_rule_divides_the_cosine_by_the_masked_steps_share(tmp_path, 
 
 
 @pytest.mark.parametrize("threshold", [-1.0, 2.0])  # the rule never fires / fires at its first check
-def test_a_rule_arms_cooled_horizon_is_the_standalone_run_of_its_budget(tmp_path, synth_root, threshold):
-    trunk = train(_cfg(tmp_path / "trunk", synth_root, threshold, "eval.points=[0.5,1.0]"))
+def test_a_rule_arms_cooled_horizon_is_the_standalone_run_of_its_budget(tmp_path, synth_root, request, threshold):
+    # the trunk that never fires is the switch test's; one that fires at its first check needs fewer steps
+    budget = 5e9 if threshold < 0 else 2.5e9
+    trunk = request.getfixturevalue("never") if threshold < 0 else train(
+        _cfg(tmp_path / "trunk", synth_root, threshold, "eval.points=[0.5,1.0]", f"budget.flops={budget}"))
     alone = train(load_config(tiny_overrides(tmp_path / "alone", synth_root, f"arm={_arm(tmp_path, threshold)}",
-                                             "budget.flops=5e9", "eval.points=[1.0]")))
+                                             f"budget.flops={budget / 2}", "eval.points=[1.0]", *FAST)))
     branch, whole = trunk / "checkpoints" / "point-0.5", alone / "checkpoints" / "point-1"
     raw_a, raw_b = load_file(branch / "model.safetensors"), load_file(whole / "model.safetensors")
     assert raw_a.keys() == raw_b.keys() and all((raw_a[k] == raw_b[k]).all() for k in raw_a)
-    rows = {r["point"]: r for r in read_rows([tmp_path / "trunk" / "leaderboard.csv"])}
-    (alone_row,) = read_rows([tmp_path / "alone" / "leaderboard.csv"])
+    rows = {r["point"]: r for r in read_rows([leaderboard_of(trunk)])}
+    (alone_row,) = read_rows([leaderboard_of(alone)])
     for field in ("step", "train_flops", "val_loss", "switch_step"):
         assert rows[0.5][field] == alone_row[field], field
     fired = [r for r in _records(alone) if r.get("until", {}).get("fired")]

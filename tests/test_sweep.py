@@ -18,7 +18,7 @@ from maskbench.errors import ConfigError
 from maskbench.results.leaderboard import append_rows, read_rows
 from maskbench.runs import launch
 from maskbench.runs.sweep import cell_states, csv_paths, expand_grid, plan_sweep, with_study
-from tests.conftest import tiny_overrides
+from tests.conftest import FAST, tiny_overrides
 from tests.test_cli_imports import CHILD, REPO
 
 
@@ -60,8 +60,8 @@ def test_emit_prints_one_launch_line_per_run_and_a_valid_slurm_script(capsys, tm
 
 
 def test_sweep_runs_the_grid_here(tmp_path, synth_root):
-    assert main(["sweep", *tiny_overrides(tmp_path, synth_root, "arm=mask0,mask75", "seed=0,1",
-                                          "eval.points=[1.0]")]) == 0
+    assert main(["sweep", *tiny_overrides(tmp_path, synth_root, "arm=mask0,mask75", "seed=0,1", "eval.points=[1.0]",
+                                          "budget.flops=5e8", *FAST)]) == 0  # the rows are what is read
     rows = read_rows([tmp_path / "leaderboard.csv"])
     assert sorted((r["arm"], r["seed"]) for r in rows) == [("mask0", 0), ("mask0", 1), ("mask75", 0), ("mask75", 1)]
 
@@ -71,7 +71,8 @@ def test_an_interrupted_sweep_reruns_only_the_missing_cells(tmp_path, synth_root
     """Three cells; a SIGTERM right after the second cell's first eval point stops the sweep (as a
     preempted job). The rerun skips the done cell, resumes the partial one from its checkpoint and
     trains the missing one; each (run, point) row is in the CSV once."""
-    grid = tiny_overrides(tmp_path, synth_root, "arm=mask0,mask75,mask75_then0", "seed=0")
+    grid = tiny_overrides(tmp_path, synth_root, "arm=mask0,mask75,mask75_then0", "seed=0", "budget.flops=1.5e9",
+                          *FAST)
     original = launch.PointRecorder.__call__
 
     def preempted(self, trainer, point):

@@ -15,7 +15,7 @@ from maskbench.cli import main
 from maskbench.config import load_config
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
-from tests.conftest import tiny_overrides
+from tests.conftest import SMALL_EVAL, tiny_overrides
 
 
 def _run(tmp: Path, synth_root: Path, *extra: str) -> Path:
@@ -30,21 +30,32 @@ def _weights(run_dir: Path) -> dict:
     return load_file(run_dir / "checkpoints" / "point-1" / "model.safetensors")
 
 
-def test_same_seed_gives_identical_loss_trace(tmp_path, synth_root):
-    a = _run(tmp_path / "a", synth_root, "arm=mask75_then0")
-    b = _run(tmp_path / "b", synth_root, "arm=mask75_then0")
+# Two phases (20 masked steps, 2 unmasked) and a cooled horizon (eval points 0.5 and 1, its branch 1 unmasked step);
+# no eval metric is read: the smallest evaluation.
+REFERENCE = ("arm=mask75_then0", "budget.flops=1.5e9", *SMALL_EVAL)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, synth_root) -> Path:
+    """The REFERENCE run, trained once: what the same-seed, resume and compile tests each compare a run with."""
+    return _run(tmp_path_factory.mktemp("reference"), synth_root, *REFERENCE)
+
+
+def test_same_seed_gives_identical_loss_trace(tmp_path, synth_root, reference):
+    a = reference
+    b = _run(tmp_path / "b", synth_root, *REFERENCE)
     assert a.name == b.name
     assert len(_losses(a)) > 5 and _losses(a) == _losses(b)
-    c = _run(tmp_path / "c", synth_root, "arm=mask75_then0", "seed=1")
-    assert _losses(c) != _losses(a)
+    c = _run(tmp_path / "c", synth_root, *REFERENCE, "seed=1", "train.stop_at_step=4")  # its first 4 steps
+    assert len(_losses(c)) == 4 and _losses(c) != _losses(a)[:4]
 
 
-def test_stop_mid_phase_and_resume_is_bit_identical(tmp_path, synth_root):
-    full = _run(tmp_path / "full", synth_root, "arm=mask75_then0")
-    stopped = _run(tmp_path / "resumed", synth_root, "arm=mask75_then0", "train.stop_at_step=3")
+def test_stop_mid_phase_and_resume_is_bit_identical(tmp_path, synth_root, reference):
+    full = reference
+    stopped = _run(tmp_path / "resumed", synth_root, *REFERENCE, "train.stop_at_step=3")
     assert not (stopped / "done.json").exists()
     assert json.loads((stopped / "checkpoints" / "step-00000003" / "meta.json").read_text())["step"] == 3
-    resumed = _run(tmp_path / "resumed", synth_root, "arm=mask75_then0")
+    resumed = _run(tmp_path / "resumed", synth_root, *REFERENCE)
     assert resumed == stopped and (resumed / "done.json").exists()
     assert _losses(resumed) == _losses(full)
     wa, wb = _weights(full), _weights(resumed)
@@ -66,25 +77,38 @@ def test_a_resume_decodes_no_sample_before_its_position(tmp_path, synth_root, mo
         return lambda sample: decoded.append(sample["__key__"]) or decode(sample)
 
     monkeypatch.setattr(loop, "loader_decoder", counting_decoder)
-    for stop in (2, 9):
-        extra = ("arm=mask0", "eval.points=[1.0]", "budget.flops=2e9", "data.num_workers=0")  # decoded here
-        _run(tmp_path / str(stop), synth_root, *extra, f"train.stop_at_step={stop}")
+    extra = ("arm=mask0", "eval.points=[1.0]", "budget.flops=2e9", *SMALL_EVAL, "data.num_workers=0")  # decoded here
+    _run(tmp_path, synth_root, *extra, "train.stop_at_step=2")
+    # one run, resumed early (at step 2, stopped again at 9) and late (at 9, to its end)
+    for start, stop in ((2, 9), (9, None)):
         decoded.clear()
-        resumed = _run(tmp_path / str(stop), synth_root, *extra)
+        resumed = _run(tmp_path, synth_root, *extra, *([f"train.stop_at_step={stop}"] if stop else []))
         steps = len(_losses(resumed))
-        assert steps > 9 and len(decoded) == (steps - stop) * 8, (stop, steps, len(decoded))
+        assert steps == stop if stop else steps > 9, steps  # stopped at 9, or trained on to its end
+        assert len(decoded) == (steps - start) * 8, (start, steps, len(decoded))
 
 
-def test_finished_run_is_not_retrained(tmp_path, synth_root, capsys):
-    run_dir = _run(tmp_path, synth_root, "arm=mask0")
+# Two eval points and the tiny evaluation in full (8 samples, the bootstrap, the grid).
+FINISHED = ("arm=mask75", "budget.flops=1e9")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, synth_root) -> Path:
+    """The FINISHED run, trained once, in ROOT/runs with its rows in ROOT/leaderboard.csv. Read only."""
+    return _run(tmp_path_factory.mktemp("finished"), synth_root, *FINISHED)
+
+
+def test_finished_run_is_not_retrained(tmp_path, synth_root, capsys, finished):
+    root = shutil.copytree(finished.parent.parent, tmp_path / "root")
+    run_dir = root / "runs" / finished.name
     before = (run_dir / "metrics.jsonl").read_text()
-    assert main(["run", *tiny_overrides(tmp_path, synth_root, "arm=mask0")]) == 0
+    assert main(["run", *tiny_overrides(root, synth_root, *FINISHED)]) == 0
     assert "not retraining" in capsys.readouterr().out
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
-def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(tmp_path, synth_root):
-    run_dir = _run(tmp_path, synth_root, "arm=mask75")
+def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(finished):
+    run_dir = finished
     names = {p.name for p in (run_dir / "checkpoints").iterdir()}
     assert {"point-0.5", "point-1"} <= names  # and the trunk's checkpoint at the 0.5 horizon's fork
     assert all(name.startswith("step-") for name in names - {"point-0.5", "point-1"})
@@ -94,12 +118,12 @@ def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(tmp_path, synt
     first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert {"loss", "lr", "grad_norm", "mask_ratio", "flops", "seconds", "data_wait"} <= first.keys()
     assert first["mask_ratio"] == 0.75
-    rows = read_rows([tmp_path / "leaderboard.csv"])
+    rows = read_rows([finished.parent.parent / "leaderboard.csv"])
     assert [r["point"] for r in rows] == [0.5, 1.0]
     assert all(r["arm"] == "mask75" and r["val_loss"] > 0 and r["train_flops"] > 0 for r in rows)
     assert all(r["fid_features"] == "oracle-synth-v1" and r["fid"] > 0 and r["fid_n"] == 8 for r in rows)
     assert all(0.0 <= r["align_acc"] <= 1.0 and r["clip_score"] is None for r in rows)
-    assert rows[-1]["train_flops"] <= 2.5e9
+    assert rows[-1]["train_flops"] <= 1e9
 
 
 def _add_corrupt_samples(src: Path, dst: Path) -> None:
@@ -134,7 +158,7 @@ def test_corrupt_samples_are_skipped_and_counted(tmp_path, synth_root):
     data = tmp_path / "corrupt"
     _add_corrupt_samples(synth_root, data)
     run_dir = train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", f"data.path={data}",
-                                               "data.max_bad_fraction=0.99", "budget.flops=2e9",
+                                               "data.max_bad_fraction=0.99", "budget.flops=1e9", *SMALL_EVAL,
                                                "eval.points=[1.0]", "data.shuffle_buffer=8")))  # a block: a batch
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["bad_samples"].get("undecodable_image", 0) > 0
@@ -144,8 +168,10 @@ def test_corrupt_samples_are_skipped_and_counted(tmp_path, synth_root):
 
 @pytest.mark.slow
 def test_short_run_lowers_validation_loss(tmp_path, synth_root):
-    run_dir = _run(tmp_path, synth_root, "arm=mask0", "budget.flops=3e10", "eval.points=[0.05,1.0]",
-                   "train.lr=2e-3")
+    # 64 steps: the val loss falls to ~0.65 of the first point's (3 seeds; 3e10's 194 steps: ~0.61)
+    run_dir = _run(tmp_path, synth_root, "arm=mask0", "budget.flops=1e10", "eval.points=[0.05,1.0]",
+                   "train.lr=2e-3", "eval.n_samples=2", "eval.bootstrap_resamples=0", "eval.grid_size=1",
+                   "data.num_workers=0")
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evals[-1]["val_loss"] < 0.9 * evals[0]["val_loss"], evals
 
@@ -173,7 +199,7 @@ def test_the_loader_tokenizes_captions_off_the_training_step(synth_root):
     assert torch.equal(batch["txtids"], ids) and torch.equal(batch["txtmask"], mask)
 
 
-def test_compiled_training_matches_eager(tmp_path, synth_root, monkeypatch):
+def test_compiled_training_matches_eager(tmp_path, synth_root, monkeypatch, reference):
     """train.compile=true trains through the torch.compile wrapper (an OptimizedModule, which has no truth
     value); dynamo's eager backend stands in for inductor so the check costs seconds, not a C++ build."""
     import functools
@@ -183,7 +209,7 @@ def test_compiled_training_matches_eager(tmp_path, synth_root, monkeypatch):
     from maskbench.train import loop
 
     monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
-    eager = _losses(_run(tmp_path / "eager", synth_root, "arm=mask75_then0"))
-    compiled = _losses(_run(tmp_path / "compiled", synth_root, "arm=mask75_then0", "train.compile=true"))
+    eager = _losses(reference)
+    compiled = _losses(_run(tmp_path / "compiled", synth_root, *REFERENCE, "train.compile=true"))
     assert len(compiled) == len(eager) > 5
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

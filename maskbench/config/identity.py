@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import pickle
 from pathlib import Path
 from typing import Optional
 
@@ -80,6 +81,12 @@ def config_hash(cfg: RunConfig) -> str:
 
     init_from is hashed as the source's run id and point, not its path: the same source moved or named
     by a relative path is the same start."""
+    return _hash_of(pickle.dumps(cfg))
+
+
+@functools.lru_cache(maxsize=256)  # a function of the config's values alone: a sweep names each cell several times
+def _hash_of(pickled: bytes) -> str:
+    cfg: RunConfig = pickle.loads(pickled)
     tree, (defaults, phase_defaults, until_defaults) = to_dict(cfg), _defaults()
     unset = {name for name in HASHED_WHEN_SET if _lookup(tree, name) == _lookup(defaults, name)}
     relevant = _drop_fields(tree, NOT_RESULT_FIELDS | unset)

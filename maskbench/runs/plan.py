@@ -138,8 +138,9 @@ def measured_rate(cfg: RunConfig) -> tuple[float, str] | None:
     Read from its metrics.jsonl (cumulative FLOPs over training seconds); a run on another device or
     process count does not count."""
     device = device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    model, found = to_dict(cfg)["model"], []
+    model, found = None, []
     for metrics in Path(cfg.paths.runs).glob("*/metrics.jsonl"):
+        model = to_dict(cfg)["model"] if model is None else model  # converted once, and only if there is a run
         try:
             recorded = yaml.safe_load((metrics.parent / "config.yaml").read_text())
             env = json.loads((metrics.parent / "env.json").read_text())

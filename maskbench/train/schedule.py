@@ -67,7 +67,8 @@ class PhasePlan:
 
 
 def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callable[[Phase, int, int], int],
-                ends: Mapping[int, int] | None = None) -> list[PhasePlan]:
+                ends: Mapping[int, int] | None = None,
+                constant_cost: Callable[[Phase], int | None] | None = None) -> list[PhasePlan]:
     """Give each phase fraction × budget FLOPs, as whole steps.
 
     step_cost(phase, step, done) is the cost of the run's global step `step`, the `done`-th step of its
@@ -79,6 +80,9 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
 
     ends[i] = n: phase i's rule fired after n steps (`Phase.until`); the rest of its allowance moves to
     phase i + 1, so the run still spends its budget to within one step per phase.
+
+    constant_cost(phase), where given, is the cost of every step of a phase whose steps all cost the same (None
+    for one whose do not): its steps are then counted at once, not one by one (a large budget plans ~10^6 steps).
     """
     if any(p.fraction <= 0 for p in phases) or abs(sum(p.fraction for p in phases) - 1.0) > 1e-6:
         raise ConfigError(f"phase budget fractions must be positive and sum to 1, got {[p.fraction for p in phases]}")
@@ -86,7 +90,12 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
     plans, start, carried = [], 0, 0.0
     for index, phase in enumerate(phases):
         allowance, spent, costs = phase.fraction * budget_flops + carried, 0, []
-        while len(costs) < ends.get(index, len(costs) + 1):
+        fixed = constant_cost(phase) if constant_cost is not None and index not in ends else None
+        if fixed:  # the whole steps the allowance holds, as the loop below counts them (exact int/float compares)
+            n = max(int(allowance // fixed), 0)
+            n = next(k for k in (n + 1, n, n - 1, n - 2) if k * fixed <= allowance) if n else 0
+            costs, spent, cost = [fixed] * n, n * fixed, fixed
+        while not fixed and len(costs) < ends.get(index, len(costs) + 1):
             cost = step_cost(phase, start + len(costs), len(costs) + 1)
             if index not in ends and spent + cost > allowance:
                 break
@@ -178,8 +187,18 @@ def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mappi
         probe = cost(0.0, ()) + cost(phase.mask_ratio, ()) if rule_checks(phase.until, done) else 0
         return cost(phase.mask_ratio, downscaled_count(cfg, n_streams, step) if phase.demote else ()) + probe
 
+    routes = demote_routes(cfg.train)
+
+    def constant_cost(phase: Phase) -> int | None:
+        """step_cost of every step of a phase without a rule's probe steps or demotion draws (None for others)."""
+        if phase.trainable == Trainable.skips:
+            return frozen(phase.mask_ratio)
+        if (phase.until is None or phase.until.grad_cosine_below is None) and not (phase.demote and routes):
+            return cost(phase.mask_ratio, ())
+        return None
+
     def planned(budget: float, points: Sequence[float], ends: Mapping[int, int]) -> Schedule:
-        phases = plan_phases(cfg.arm.phases, budget, step_cost, ends)
+        phases = plan_phases(cfg.arm.phases, budget, step_cost, ends, constant_cost)
         decay = _decay_start(phases, cfg.train.decay_fraction) if cfg.train.schedule == LRSchedule.wsd else None
         return Schedule(phases, _eval_steps(points, phases), decay)
 
