@@ -3,8 +3,9 @@
 A metric is a result key of the evaluator, a leaderboard column (with its sampling error beside it in
 `<name>_se`), a direction (lower or higher is better), a label in tables and plots, and whether the
 leaderboard statistics summarise and compare it. The leaderboard's columns, the statistics' metric list,
-the summary tables' columns, the study page's curves and the command line read `METRICS`, so a new metric
-is one entry here (and the code that measures it).
+the summary tables' columns, the study page's curves, `repro`'s checks and the command line read `METRICS`,
+so a new metric is one entry here and the code that measures it: an image metric's scorer in
+`maskbench/eval/scorers.py`, returned by `eval.evaluate.image_scorers` for the data it applies to.
 """
 
 from __future__ import annotations

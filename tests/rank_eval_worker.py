@@ -28,7 +28,8 @@ def main(out: Path, fail: bool, overrides: list[str]) -> None:
     with acc.main_process_first():
         evaluator = Evaluator(data, cfg.eval, acc.device, rank=rank, world=acc.num_processes)
     model = randomized(build_model(cfg.model, data), 0.05)
-    scored, matches = [], evaluator.oracle.matches
+    (alignment,) = [scorer for scorer in evaluator.scorers if scorer.metric == "align_acc"]
+    scored, matches = [], alignment.oracle.matches
 
     def counted_matches(images, scenes):
         if fail and rank == 1:
@@ -36,7 +37,7 @@ def main(out: Path, fail: bool, overrides: list[str]) -> None:
         scored.append(len(images))
         return matches(images, scenes)
 
-    evaluator.oracle.matches = counted_matches
+    alignment.oracle.matches = counted_matches
     result = None
     try:
         result = evaluator.evaluate(model, out / "samples", acc)

@@ -1,13 +1,14 @@
-"""Every `maskbench …` command that README.md and docs/*.md show still works, so the docs cannot rot.
+"""Every `maskbench …` command that README.md, docs/*.md and datasets/*.md show still works, so the docs cannot rot.
 
 Each command is found in a fenced code block (backslash continuations joined, `for VAR in A ...` loops
 taking their first value) or an inline code span, its placeholders mapped onto a fixture world in the
 real formats (`world`: latent shards with their manifest and reference statistics, stand-in weights at
 the documented /models paths, the repository's leaderboard CSVs, a run directory), and run in-process
-through `maskbench.cli.main`: `run` and `sweep` with `--dry-run` (every check a run makes, no
-training); `arms`, `leaderboard`, `sweep --emit/--status/--list-studies`, `data verify` for real; the
-rest parsed by the real parser, `eval`, `eval reference`, `sample` and `data synth` through their handlers up to the
-work itself, so an unknown option, key, arm or preset fails.
+through `maskbench.cli.main`, each as `how_run` says (`python -m tests.test_documented_commands` prints the
+table: each command, how it runs and why): `run` and `sweep` with `--dry-run` (every check a run makes, no
+training); `arms`, `leaderboard`, `sweep --emit/--status/--list-studies`, `data verify` for real; `eval`,
+`eval reference`, `sample`, `data synth`, `data pack` and `data encode` through their handlers up to the work
+itself; `repro`, `probe` and `bench` parsed by the real parser. An unknown option, key, arm or preset fails.
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ from maskbench.config import EvalConfig, load_config, to_dict
 from maskbench.data.shards import build_manifest, encode_npy, shard_entry
 from maskbench.eval import standins
 from maskbench.eval.fid import STANDIN_FEATURES_NAME, FeatureStats, save_stats
-from tests.fixtures_real import make_sa1b, write_tar
+from tests.fixtures_real import make_brushdata, make_journeydb, make_sa1b, write_tar
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "datasets").glob("*.md"))]
 SEPARATORS = {";", "|", "||", "&", "&&", ">", ">>", "<", "(", ")"}
 ELLIPSIS = ("...", "…")
-PARSED_ONLY = {"repro", "probe", "bench", ("data", "pack"), ("data", "encode")}
+# Parsed only, and why: each runs for real at toy size in its own test file.
+PARSED_ONLY = {"repro": "reruns a trained run from its first step: tests/test_repro.py runs it on toy runs",
+               "probe": "trains probes on a trained run's weights: tests/test_gradfid.py runs it on toy runs",
+               "bench": "times this machine's kernels for seconds: tests/test_mfu.py and test_benchmarks.py"}
+UP_TO_THE_WORK = {("data", "pack"), ("data", "encode")}
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ def documented_commands() -> list[Documented]:
 
 
 # ------------------------------------------------------------------------------ the fixture world
-def write_latent_split(out: Path, vae: Path, n: int) -> None:
+def write_latent_split(out: Path, vae: Path, n: int, source: str = "sa1b") -> None:
     """A latent split as `data encode` writes it (manifest with its `latent` block), n tiny samples."""
     members = []
     for i in range(n):
@@ -123,14 +128,15 @@ def write_latent_split(out: Path, vae: Path, n: int) -> None:
     shard = write_tar(out / "latent-000000.tar", members)
     latent = {"size": 32, "channels": 4, "text_dim": 16, "text_len": 8, "dtype": "float16", "vae": str(vae),
               "scaling_factor": 0.5, "shift_factor": 0.0, "resolution": 256}
-    header = {"source": "sa1b", "packer_version": 1, "filters": {}, "latent": latent}
+    header = {"source": source, "packer_version": 1, "filters": {}, "latent": latent}
     (out / "manifest.json").write_text(json.dumps(build_manifest(header, [shard_entry(shard, n)], {})))
 
 
-def write_latent_root(root: Path, vae: Path) -> None:
-    """train/ and val/ latent splits, and the reference statistics a run on them needs (stand-in features)."""
+def write_latent_root(root: Path, vae: Path, source: str = "sa1b") -> None:
+    """train/ and val/ latent splits of `source`, and the reference statistics a run on them needs (stand-in
+    features)."""
     for split in ("train", "val"):
-        write_latent_split(root / split, vae, 512)
+        write_latent_split(root / split, vae, 512, source)
     rng = np.random.default_rng(0)
     features = rng.normal(size=(8, 2048))
     save_stats(root / "val" / "inception_stats.npz",
@@ -183,6 +189,18 @@ def write_source_run(root: Path, cfg) -> None:
     torch.save({"model": model.state_dict()}, ckpt / EMA_FILE)
 
 
+def write_card_inputs(data: Path, vae: Path) -> None:
+    """What datasets/*.md read and write: BrushData's and JourneyDB's raw inputs in their real formats beside
+    SA-1B's, and each dataset's latent folders under data/mb/ (its canonical ones: sa1b's latent shards stand in)."""
+    make_brushdata(data / "brushdata", shards=3)
+    for split, anno_name in (("train", "train_anno_realease_repath"), ("valid", "valid_anno_repath")):
+        anno, _, _ = make_journeydb(data / "jdb" / "data" / split)
+        anno.rename(anno.with_name(f"{anno_name}.jsonl.tgz"))
+    for name in ("sa1b", "brushdata", "journeydb"):
+        write_latent_root(data / "mb" / name / "latent", vae, name)
+        shutil.copytree(data / "sa1b" / "canon", data / "mb" / name / "canon")
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """What the documented commands read, at the paths they name (absolute ones rooted here)."""
@@ -212,6 +230,7 @@ def world(tmp_path_factory) -> Path:
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(load_config([]))))
     write_source_run(world / "runs" / "source-tiny_deep", load_config(["arm=mask0", "model=tiny_deep"]))
+    write_card_inputs(world / "data", vae)
     (world / "my_arm.yaml").write_text("phases: [{mask_ratio: 0.5, fraction: 1.0}]\n")
     copy_results(world / "results")
     return world
@@ -239,7 +258,26 @@ def runs_training(argv: list[str]) -> bool:
 
 
 def parsed_only(argv: list[str]) -> bool:
-    return argv[0] in PARSED_ONLY or tuple(argv[:2]) in PARSED_ONLY
+    return argv[0] in PARSED_ONLY
+
+
+def how_run(argv: list[str]) -> str:
+    """How the test runs a documented command, and why not further."""
+    if runs_training(argv):
+        return "--dry-run: every check of a run, no training (the training tests train at toy size)"
+    if parsed_only(argv):
+        return f"parsed: {PARSED_ONLY[argv[0]]}"
+    if tuple(argv[:2]) in UP_TO_THE_WORK:
+        return "up to the work: inputs read and checked (packing, encoding: test_sources.py, test_encode.py)"
+    if argv[0] in ("eval", "sample"):
+        return "up to the work: the run's config and overrides checked (the work: test_eval_cli.py, test_sample.py)"
+    if tuple(argv[:2]) == ("data", "synth"):
+        return "up to the work: the data overrides checked (generating: test_synth.py)"
+    return "run"
+
+
+class WorkReached(Exception):
+    """Raised in place of packing or encoding: the command got there with its inputs read and checked."""
 
 
 def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
@@ -258,7 +296,27 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setattr(sample, "sample_run", lambda *args, **kwargs: Path("grid.png"))  # run in tests/test_sample.py
     monkeypatch.setattr(reference, "build_reference", lambda *args, **kwargs: [])
     monkeypatch.setattr(dataset, "resolve_dataset", functools.partial(dataset.resolve_dataset, create=False))
+    if tuple(argv[:2]) in UP_TO_THE_WORK:
+        return reach_the_work(argv, monkeypatch)
     return cli.main(argv)
+
+
+def reach_the_work(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """`data pack` with its source's plan built from the fixture's raw inputs, `data encode` with its options
+    checked, each stopped where the packing or encoding would start (they run at toy size in test_sources.py,
+    test_pack_resume.py and test_encode.py): 0 if it got there, else the command's own exit code."""
+    import maskbench.data.encode as encode
+    import maskbench.data.sources as sources
+
+    def reached(*args, **kwargs):
+        raise WorkReached
+
+    monkeypatch.setattr(sources, "pack", reached)
+    monkeypatch.setattr(encode, "encode", reached)
+    try:
+        return cli.main(argv)
+    except WorkReached:
+        return 0
 
 
 COMMANDS = documented_commands()
@@ -266,8 +324,11 @@ COMMANDS = documented_commands()
 RESULTS: dict[tuple[tuple[str, ...], bool], tuple[int, str]] = {}
 
 
-def test_the_docs_show_at_least_30_commands() -> None:
+def test_the_docs_show_at_least_30_commands_and_each_dataset_card_is_collected() -> None:
     assert len(COMMANDS) >= 30, [str(c) for c in COMMANDS]
+    cards = {c.where.split(":")[0] for c in COMMANDS if c.where.startswith("datasets/")}
+    assert cards == {f"datasets/{p.name}" for p in (ROOT / "datasets").glob("*.md")}
+    assert not any(e in token for c in COMMANDS for token in c.argv for e in ELLIPSIS)
 
 
 @pytest.mark.parametrize("documented", COMMANDS, ids=str)
@@ -361,3 +422,10 @@ def test_a_dry_run_names_every_missing_weight_file_and_the_setting_that_fixes_it
     assert cli.main([*run, f"paths.weights={world / 'models'}", "--dry-run"]) == 0
     assert "FLOPs     " in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+if __name__ == "__main__":  # the table: every collected command, how the test runs it and why
+    for documented in COMMANDS:
+        print(f"{documented}\n    {how_run(list(documented.argv))}")
+    modes = [how_run(list(documented.argv)).split(":")[0] for documented in COMMANDS]
+    print(f"{len(COMMANDS)} documented commands: " + ", ".join(f"{modes.count(m)} {m}" for m in dict.fromkeys(modes)))

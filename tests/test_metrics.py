@@ -78,3 +78,37 @@ def test_every_metric_has_its_columns_and_the_statistics_read_the_registry():
 def test_an_unknown_metric_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown metric 'fdd'; choose from fid, clip_score"):
         get_metric("fdd")
+
+
+class MeanBrightness:
+    """A toy image metric, as a new one would be written: its per-sample value and its summary (`ImageScorer`)."""
+
+    metric = "brightness"
+
+    def score(self, images, captions, meta):
+        return images.float().mean(dim=(1, 2, 3)).numpy() / 255                             # S
+
+    def summarize(self, values, counts):
+        resampled = counts @ values / len(values)                                             # R
+        return {"brightness": float(values.mean()), "brightness_se": float(resampled.std(ddof=1))}
+
+
+def test_a_new_image_scorer_is_measured_gathered_and_summarised_without_an_evaluator_change(tmp_path, synth_root):
+    """The evaluator's half of a new image metric: one scorer in its list (what `image_scorers` returns) is scored
+    on the samples, summarised with the bootstrap resamples every metric shares, and reported beside the rest."""
+    import torch
+
+    from maskbench.config import load_config
+    from maskbench.data.dataset import resolve_dataset
+    from maskbench.eval.evaluate import Evaluator, load_samples
+    from maskbench.models.build import build_model
+    from tests.conftest import randomized, tiny_overrides
+
+    cfg = load_config(tiny_overrides(tmp_path, synth_root, "eval.n_samples=6", "eval.bootstrap_resamples=20"))
+    data = resolve_dataset(cfg.data, cfg.paths.data)
+    evaluator = Evaluator(data, cfg.eval, torch.device("cpu"))
+    evaluator.scorers.append(MeanBrightness())
+    result = evaluator.evaluate(randomized(build_model(cfg.model, data), 0.05), tmp_path / "samples")
+    images = load_samples(tmp_path / "samples")                                              # the 6 saved PNGs
+    assert result["brightness"] == pytest.approx(images.float().mean().item() / 255)
+    assert result["brightness_se"] > 0 and {"fid", "fid_se", "align_acc", "val_loss"} <= result.keys()

@@ -11,9 +11,10 @@ import torch
 from maskbench.config import load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.eval.clip import clip_metrics
-from maskbench.eval.evaluate import Evaluator, binomial_se, frechet_metrics, measure_validation_loss
+from maskbench.eval.evaluate import Evaluator, measure_validation_loss
 from maskbench.eval.fid import FeatureStats, bootstrap_counts, bootstrap_frechet, frechet_distance
 from maskbench.eval.sample import fixed_noise
+from maskbench.eval.scorers import binomial_se, frechet_metrics
 from maskbench.models.build import batch_context, build_model
 from maskbench.models.objective import flow_loss
 from tests.conftest import randomized, tiny_overrides

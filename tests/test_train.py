@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from maskbench.cli import main
 from maskbench.config import load_config
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.leaderboard import COLUMNS, read_rows
 from maskbench.runs.launch import train
 from tests.conftest import SMALL_EVAL, tiny_overrides
 
@@ -124,6 +124,15 @@ def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(finished):
     assert all(r["fid_features"] == "oracle-synth-v1" and r["fid"] > 0 and r["fid_n"] == 8 for r in rows)
     assert all(0.0 <= r["align_acc"] <= 1.0 and r["clip_score"] is None for r in rows)
     assert rows[-1]["train_flops"] <= 1e9
+
+
+def test_a_trained_point_fills_every_schema_column_it_knows_and_no_other(finished):
+    """The row a run writes (`record.leaderboard_row`, kept as written in eval.jsonl) names each column of the
+    leaderboard schema but `source` (a reference row's only): a column declared and never written fails here (one
+    written and never declared, `append_rows` refuses)."""
+    record = json.loads((finished / "eval.jsonl").read_text().splitlines()[-1])
+    written = {key for key in record if key in COLUMNS}
+    assert written == set(COLUMNS) - {"source"}
 
 
 def _add_corrupt_samples(src: Path, dst: Path) -> None:

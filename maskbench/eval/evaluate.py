@@ -26,16 +26,14 @@ from tqdm import tqdm
 from maskbench.config import EvalConfig
 from maskbench.data.dataset import DatasetInfo
 from maskbench.data.shards import BadSample, shard_urls
-from maskbench.data.synth import scene_from_json
 from maskbench.errors import ConfigError
-from maskbench.eval.clip import ClipScorer, check_clip, clip_metrics
+from maskbench.eval.clip import ClipScorer, check_clip
 from maskbench.eval.decode import LatentDecoder, resolve_vae
 from maskbench.eval.fid import (
     DinoV2Features,
     FeatureStats,
     InceptionFeatures,
     bootstrap_counts,
-    bootstrap_frechet,
     gather_to_main,
     load_stats,
     reference_stats,
@@ -43,6 +41,7 @@ from maskbench.eval.fid import (
 from maskbench.eval.grid import GRID_FILE, prompt_grid
 from maskbench.eval.oracle import Oracle, load_oracle
 from maskbench.eval.sample import euler_sample, fixed_noise, inference_precision, to_uint8
+from maskbench.eval.scorers import AlignmentScorer, ClipScoreScorer, FrechetScorer, ImageScorer
 from maskbench.manifest import read_manifest
 from maskbench.models.build import batch_context
 from maskbench.models.objective import interpolate
@@ -260,11 +259,8 @@ def load_samples(sample_dir: Path) -> torch.Tensor:
 class Evaluator:
     """Everything an eval point needs, built once per run: the held-out set and the metric networks.
 
-    On synth the Fréchet distance uses the oracle's features (`fid_features=oracle-synth-v1`) against
-    statistics of the whole held-out split, and alignment is the oracle's exact-scene accuracy. On
-    real data, FID uses clean-fid's Inception (`eval.inception_weights`) against `maskbench eval
-    reference` statistics, optionally FD-DINOv2 (`eval.dinov2_weights`), and CLIP scores come from
-    open_clip when `eval.clip_model` is set. Latent samples are decoded with the data's VAE first.
+    The image metrics are its `scorers` (`image_scorers`: the synth oracle's FD and alignment, or Inception
+    FID, FD-DINOv2 and CLIP on real data). Latent samples are decoded with the data's VAE first.
 
     Under several processes each rank evaluates its share (`rank_share`) of the prompts and of the
     validation samples, and holds only those held-out samples; per-sample values are gathered in order.
@@ -279,21 +275,7 @@ class Evaluator:
         held = {i for n in counts for i in rank_share(n, rank, world)}  # its shares of the prompts and val samples
         self.evalset = load_eval_set(data, max(counts), sorted(held))
         self.decoder = LatentDecoder(resolve_vae(data.vae, cfg.vae), device) if data.latent else None
-        self.extractor, self.reference, self.oracle, self.clip = None, None, None, None
-        self.dinov2, self.dinov2_reference = None, None
-        if not scores:
-            return
-        if data.synthetic:
-            self.oracle = self.extractor = load_oracle(device=device)
-            self.reference = synth_reference_stats(data, self.oracle)
-        else:
-            self.extractor = InceptionFeatures(cfg.inception_weights, device)
-            self.reference = load_stats(reference_stats_path(data, cfg))
-            if cfg.dinov2_weights:
-                self.dinov2 = DinoV2Features(cfg.dinov2_model, cfg.dinov2_weights, device)
-                self.dinov2_reference = load_stats(dinov2_stats_path(data, cfg))
-        if cfg.clip_model:
-            self.clip = ClipScorer(cfg.clip_model, cfg.clip_weights, device)
+        self.scorers = image_scorers(data, cfg, device) if scores else []
 
     def evaluate(self, model: nn.Module, out_dir: Path, accelerator: Accelerator | None = None,
                  point: float | None = None) -> dict | None:
@@ -352,68 +334,47 @@ class Evaluator:
         return images, {"caption": captions, **self.scores(images, share)}
 
     def scores(self, images: torch.Tensor, share: range) -> dict[str, np.ndarray]:
-        """Per-sample values behind the image metrics, for images of the prompts at `share`, under the names
-        of the metrics they make: Fréchet features (S×F), oracle hits (S) and CLIP cosines (S)."""
+        """Per-sample values behind the image metrics (`ImageScorer.score`), for images of the prompts at `share`,
+        under the names of the metrics they make."""
         if not len(images):  # a rank with no prompts (fewer prompts than ranks)
             return {}
         rows = self.evalset.rows(share.start, share.stop)
-        out = {}
-        if self.extractor is not None:
-            out["fid"] = self.extractor(images)                                     # S×F
-        if self.dinov2 is not None:
-            out["fd_dinov2"] = self.dinov2(images)                                  # S×D
-        if self.oracle is not None:
-            out["align_acc"] = self.oracle.matches(images, [scene_from_json(m) for m in self.evalset.meta[rows]])
-        if self.clip is not None:
-            out["clip"] = self.clip(images, self.evalset.captions[rows])            # S
-        return out
+        captions, meta = self.evalset.captions[rows], self.evalset.meta[rows]
+        return {scorer.metric: scorer.score(images, captions, meta) for scorer in self.scorers}
 
     def image_metrics(self, images: torch.Tensor) -> dict:
         """The image metrics of generated images for the first N prompts, in one process (`summarize`)."""
         return self.summarize(len(images), self.scores(images, range(len(images))))
 
     def summarize(self, n: int, scores: dict[str, np.ndarray]) -> dict:
-        """FID (or oracle FD), alignment and CLIP of the n samples' `scores`, each with its sampling error
-        (`*_se`; FD and CLIP by bootstrap over the samples, eval.bootstrap_resamples)."""
+        """Each image metric of the n samples' `scores`, with its sampling error (`*_se`; FD and CLIP by
+        bootstrap over the samples, eval.bootstrap_resamples, the same resamples for every metric)."""
         resamples = self.cfg.bootstrap_resamples
-        counts = bootstrap_counts(n, resamples) if resamples else None                 # R×N, the same for each metric
+        counts = bootstrap_counts(n, resamples) if resamples else None                 # R×N
         out = {}
-        if self.extractor is not None:
-            out.update(frechet_metrics("fid", scores["fid"], self.extractor.name, self.reference, counts),
-                       fid_features=self.extractor.name, fid_n=n, fid_ref=self.reference.label)
-        if self.dinov2 is not None:
-            out.update(frechet_metrics("fd_dinov2", scores["fd_dinov2"], self.dinov2.name, self.dinov2_reference,
-                                       counts),
-                       fd_dinov2_features=self.dinov2.name)
-        if self.oracle is not None:
-            accuracy = float(scores["align_acc"].mean())
-            out.update(align_acc=accuracy, align_acc_se=binomial_se(accuracy, n))
-        if self.clip is not None:
-            clip = clip_metrics(scores["clip"], counts)
-            if self.clip.is_random:  # no weights given: a plumbing check, kept out of the CLIP columns
-                out["clip_random_init"] = clip
-            else:
-                out.update(clip, clip_model=self.clip.model_label)
+        for scorer in self.scorers:
+            out.update(scorer.summarize(scores[scorer.metric], counts))
         return out
 
 
-def frechet_metrics(name: str, features: np.ndarray, features_name: str, reference: FeatureStats,
-                    counts: np.ndarray | None) -> dict:
-    """`name`: the Fréchet distance of the N×F features to the reference; with `counts` (R×N bootstrap
-    resamples of the feature rows) also `name_se`, its SD over the resamples, and `name_ci`, their 95%
-    percentile interval (eval.jsonl only). With few samples in many dimensions the resamples, ~63% distinct
-    rows each, sit above the point value (FD's bias grows as samples fall): the interval need not cover it."""
-    distance = reference.frechet_distance(FeatureStats.from_features(features, features_name))
-    if counts is None:
-        return {name: distance}
-    resampled = bootstrap_frechet(features, reference, counts)                      # R
-    return {name: distance, f"{name}_se": float(resampled.std(ddof=1)),
-            f"{name}_ci": [float(bound) for bound in np.percentile(resampled, [2.5, 97.5])]}
-
-
-def binomial_se(p: float, n: int) -> float:
-    """Standard error of a fraction of n independent hits: sqrt(p (1 - p) / n) (plug-in)."""
-    return float(np.sqrt(p * (1.0 - p) / n))
+def image_scorers(data: DatasetInfo, cfg: EvalConfig, device: torch.device) -> list[ImageScorer]:
+    """The image metrics this data and eval config measure. On synth: the FD in the oracle's features against
+    statistics of the whole held-out split, and the oracle's exact-scene accuracy. On real data: FID in clean-fid's
+    Inception (`eval.inception_weights`) against `maskbench eval reference` statistics, and FD-DINOv2 where
+    `eval.dinov2_weights` is given. CLIP scores wherever `eval.clip_model` is set."""
+    scorers: list[ImageScorer] = []
+    if data.synthetic:
+        oracle = load_oracle(device=device)
+        scorers += [FrechetScorer("fid", oracle, synth_reference_stats(data, oracle)), AlignmentScorer(oracle)]
+    else:
+        scorers.append(FrechetScorer("fid", InceptionFeatures(cfg.inception_weights, device),
+                                     load_stats(reference_stats_path(data, cfg))))
+        if cfg.dinov2_weights:
+            scorers.append(FrechetScorer("fd_dinov2", DinoV2Features(cfg.dinov2_model, cfg.dinov2_weights, device),
+                                         load_stats(dinov2_stats_path(data, cfg))))
+    if cfg.clip_model:
+        scorers.append(ClipScoreScorer(ClipScorer(cfg.clip_model, cfg.clip_weights, device)))
+    return scorers
 
 
 def reference_stats_path(data: DatasetInfo, cfg: EvalConfig) -> Path:

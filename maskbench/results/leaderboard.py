@@ -15,6 +15,7 @@ import logging
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -23,35 +24,45 @@ from maskbench.metrics import METRICS
 
 logger = logging.getLogger(__name__)
 
-# The columns in the order the committed CSVs have them; a metric's columns (`maskbench.metrics`) sit
-# among them, and a metric added since comes after them (COLUMNS), as an added column.
-_WRITTEN: tuple[str, ...] = (
-    "run_id", "arm", "phases", "dataset", "model", "params", "resolution", "batch_size", "seed",
-    "budget_flops", "point", "step", "samples_seen", "train_flops", "gpu_hours", "device",
-    "n_devices", "mfu", "val_loss", "fid", "fid_features", "fid_n", "clip_score", "clip_cos",
-    "clip_model", "align_acc", "sampler_steps", "cfg_scale", "maskbench_version", "git_sha",
-    "config_hash", "created_at", "source", "fid_ref", "fd_dinov2", "fd_dinov2_features",
-    "flops_per_s", "init_from", "switch_step", "branch_flops", "data_wait_s", "compile_s", "eval_s",
-    "checkpoint_s", "resume_s", "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se",
-    "precision", "draw_scheme", "encoder_flops",
+@dataclass(frozen=True)
+class Column:
+    """One leaderboard column: its name, how its cells read back, and whether CSVs may predate it."""
+
+    name: str
+    kind: type = str      # int, float (finite) or str; an empty cell is None whatever the kind
+    added: bool = False   # added after CSVs were first written: a file without it reads it as empty, and appending
+    #                       to such a file first rewrites its header (and pads its rows), under the same lock
+
+
+def _added(name: str, kind: type = str) -> Column:
+    return Column(name, kind, added=True)
+
+
+# The schema, in the order the committed CSVs have their columns: the one list a column is declared in. A metric's
+# columns (`maskbench.metrics`: the value and its `_se`) sit among them; one registered since comes after them, added.
+_DECLARED: tuple[Column, ...] = (
+    Column("run_id"), Column("arm"), Column("phases"), Column("dataset"), Column("model"), Column("params", int),
+    Column("resolution", int), Column("batch_size", int), Column("seed", int), Column("budget_flops", float),
+    Column("point", float), Column("step", int), Column("samples_seen", int), Column("train_flops", float),
+    Column("gpu_hours", float), Column("device"), Column("n_devices", int), Column("mfu", float),
+    Column("val_loss", float), Column("fid", float), Column("fid_features"), Column("fid_n", int),
+    Column("clip_score", float), Column("clip_cos", float), Column("clip_model"), Column("align_acc", float),
+    Column("sampler_steps", int), Column("cfg_scale", float), Column("maskbench_version"), Column("git_sha"),
+    Column("config_hash"), Column("created_at"), Column("source"),
+    _added("fid_ref"), _added("fd_dinov2", float), _added("fd_dinov2_features"), _added("flops_per_s", float),
+    _added("init_from"), _added("switch_step", int), _added("branch_flops", float), _added("data_wait_s", float),
+    _added("compile_s", float), _added("eval_s", float), _added("checkpoint_s", float), _added("resume_s", float),
+    _added("val_loss_se", float), _added("fid_se", float), _added("fd_dinov2_se", float),
+    _added("clip_score_se", float), _added("align_acc_se", float), _added("precision"), _added("draw_scheme"),
+    _added("encoder_flops", float),
 )
 METRIC_COLUMNS = tuple(column for m in METRICS for column in (m.name, m.se_column))
-COLUMNS = _WRITTEN + tuple(column for column in METRIC_COLUMNS if column not in _WRITTEN)
-# Columns added after CSVs were first written: a file without them reads as if they were empty, and
-# appending to it first rewrites its header (and pads its rows), under the same lock.
-ADDED_COLUMNS = ("fid_ref", "fd_dinov2", "fd_dinov2_features", "flops_per_s", "init_from", "switch_step",
-                 "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s",
-                 "val_loss_se", "fid_se", "fd_dinov2_se", "clip_score_se", "align_acc_se", "precision", "draw_scheme",
-                 "encoder_flops", *COLUMNS[len(_WRITTEN):])
-INT_COLUMNS = frozenset({
-    "params", "resolution", "batch_size", "seed", "step", "samples_seen", "n_devices", "fid_n",
-    "sampler_steps", "switch_step",
-})
-FLOAT_COLUMNS = frozenset({
-    "budget_flops", "point", "train_flops", "gpu_hours", "mfu", "clip_cos", "cfg_scale", "flops_per_s",
-    "branch_flops", "data_wait_s", "compile_s", "eval_s", "checkpoint_s", "resume_s", "encoder_flops",
-    *METRIC_COLUMNS,  # each metric and its sampling error
-})
+SCHEMA: tuple[Column, ...] = _DECLARED + tuple(_added(name, float) for name in METRIC_COLUMNS
+                                               if name not in {c.name for c in _DECLARED})
+COLUMNS = tuple(c.name for c in SCHEMA)
+ADDED_COLUMNS = tuple(c.name for c in SCHEMA if c.added)
+INT_COLUMNS = frozenset(c.name for c in SCHEMA if c.kind is int)
+FLOAT_COLUMNS = frozenset(c.name for c in SCHEMA if c.kind is float)
 # A measured row must say what it measured to be grouped; a reference row (non-empty `source`)
 # only has to say where its numbers come from, and is empty wherever that source gives nothing.
 REQUIRED_MEASURED = ("run_id", "arm", "dataset", "model", "budget_flops", "point", "seed")
