@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,30 @@ from tests.fixtures_real import make_brushdata
 torch.set_num_threads(1)
 # Measured GEMM peaks are cached per machine; the tests (and the processes they start) share one fresh cache.
 os.environ.setdefault("MASKBENCH_CACHE", tempfile.mkdtemp(prefix="maskbench-cache-"))
+
+
+# The quick subset (`-m "not slow"`, README): the tests that took at most QUICK_S seconds (setup, call and teardown)
+# in the committed measurement of the whole suite, `--durations=0` as results/suite_durations.txt records it.
+DURATIONS = Path(__file__).resolve().parents[1] / "results" / "suite_durations.txt"
+QUICK_S = 1.0
+
+
+def recorded_seconds() -> dict[str, float]:
+    """Each test's seconds in DURATIONS (its setup, call and teardown lines summed); {} without the file."""
+    seconds: dict[str, float] = defaultdict(float)
+    if DURATIONS.is_file():
+        for line in DURATIONS.read_text().splitlines():
+            if found := re.match(r"\s*([\d.]+)s (?:setup|call|teardown) +(\S.*)$", line):
+                seconds[found[2]] += float(found[1])
+    return seconds
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that took over QUICK_S seconds when the suite was last measured is `slow`: not in the quick subset."""
+    seconds = recorded_seconds()
+    for item in items:
+        if seconds.get(item.nodeid, 0.0) > QUICK_S:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -98,15 +99,22 @@ def test_config_error_is_a_value_error(override):
     assert raised.type is ConfigError
 
 
-def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other():
+@functools.cache
+def shipped_schedule(arm: str):
+    """A shipped arm's default config, its dataset and its schedule, made once per test process."""
     from maskbench.data.dataset import resolve_dataset
     from maskbench.train.schedule import make_schedule
 
+    conversion = ["init_from=runs/a-trained-run", "model=tiny_deep"]  # Skip-DiT's conversion: no mixer
+    cfg = load_config([f"arm={arm}", *(conversion if arm == "lsc_convert" else [])])
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    return cfg, data, make_schedule(cfg, data, n_streams=1)
+
+
+def test_shipped_arms_spend_the_default_budget_within_one_percent_of_each_other():
     spent = {}
     for arm in known_arms():
-        conversion = ["init_from=runs/a-trained-run", "model=tiny_deep"]  # Skip-DiT's conversion: no mixer
-        cfg = load_config([f"arm={arm}", *(conversion if arm == "lsc_convert" else [])])
-        schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
+        cfg, _, schedule = shipped_schedule(arm)
         spent[arm] = schedule.total_flops
         assert spent[arm] <= cfg.budget.flops
     assert max(spent.values()) / min(spent.values()) < 1.01, spent
@@ -117,13 +125,36 @@ def test_a_phase_of_equal_steps_is_planned_as_the_step_by_step_count_plans_it(ar
     """`constant_cost` counts a phase's steps at once where every step costs the same; for each shipped arm (its rule
     probes, demotions and skips-only phases included) the plan is the one counting step by step gives."""
     import maskbench.train.schedule as schedule
-    from maskbench.data.dataset import resolve_dataset
 
-    conversion = ["init_from=runs/a-trained-run", "model=tiny_deep"] if arm == "lsc_convert" else []
-    cfg = load_config([f"arm={arm}", *conversion])
-    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
-    at_once = schedule.make_schedule(cfg, data, n_streams=1)
+    cfg, data, at_once = shipped_schedule(arm)
     plan_phases = schedule.plan_phases
     monkeypatch.setattr(schedule, "plan_phases", lambda *args: plan_phases(*args[:4]))  # no constant_cost
-    step_by_step = schedule.make_schedule(cfg, data, n_streams=1)
-    assert at_once == step_by_step
+    assert at_once == schedule.make_schedule(cfg, data, n_streams=1)
+
+
+@pytest.mark.parametrize(("overrides", "refused"), [
+    ([], False), (["arm=mask75"], False), (["model=tiny", "arm=sprint75", "model.width=32", "seed=3"], False),
+    (["data=sa1b", "data.path=/x"], False),
+    (["eval.points=[0.5,1.0]", "train.demote_routes=[{ratio: 0.875, t: [0, 1]}]", "arm=downscale_routes"], False),
+    (["eval=default", "eval.n_samples=16", "model.kernels=torch", "model=micro_xs"], False),
+    (["model.width=32", "model=tiny"], False),  # a value before its group's choice: the choice first, as in Hydra
+    (["eval.n_sample=10"], True), (["+model.unheard_of=1"], False), (["model=dit_s3"], True),
+    (["seed=notanumber"], True), (["eval.points=[0.5"], True),
+])
+def test_a_composition_from_the_kept_groups_is_hydras_own(overrides, refused):
+    """`composed_config` (the group choices composed once, the values applied to a copy) gives what Hydra's compose
+    gives, value for value, and the same error where Hydra refuses."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from maskbench.config.compose import _register_schema, composed_config, hydra_compose
+
+    _register_schema()
+    outcomes = []
+    for compose in (lambda: hydra_compose(tuple(overrides)), lambda: composed_config(overrides)):
+        try:
+            outcomes.append(OmegaConf.to_container(compose()))
+        except (HydraException, OmegaConfBaseException) as err:
+            outcomes.append((type(err), str(err)))
+    assert outcomes[0] == outcomes[1] and isinstance(outcomes[0], tuple) == refused

@@ -1,6 +1,7 @@
 """The crossover map's per-seed compute-to-target ratios against hand-computed figures, and its plot."""
 
 import math
+import re
 
 import pytest
 import scipy.stats
@@ -10,6 +11,7 @@ from maskbench.results.crossover import correct_cells, crossover_cells, crossove
 from maskbench.results.estimators import ZERO_SPREAD, ratio_verdict
 from maskbench.results.leaderboard import COLUMNS
 from maskbench.results.multiplicity import Family
+from maskbench.results.tables import DETAILS_HINT, WIDTH
 
 BUDGET = 1e12
 
@@ -123,8 +125,13 @@ def test_leaderboard_crossover_prints_and_draws_the_map(tmp_path, capsys) -> Non
     append_rows(csv_path, [row(arm, seed, p, 100.0 - 30 * p * (1 + (arm == "mask75")) - seed)
                            for arm in ("mask0", "mask75") for seed in range(2) for p in (0.5, 1.0)])
     assert leaderboard_main([str(csv_path)], plot=str(tmp_path / "map.png"), crossover="mask75") == 0
-    out = capsys.readouterr().out
-    assert out.count("| micro_s | 2 | 64 |") == 2 and (tmp_path / "map.png").is_file()
+    out = capsys.readouterr().out  # text: one table per (model, batch) under its heading, within WIDTH columns
+    assert out.count("micro_s (2 params) / batch 64 (n: 2; reading: exploratory)") == 1
+    assert re.search(r"^0\.5 ", out, re.MULTILINE) and re.search(r"^1 ", out, re.MULTILINE)
+    assert max(len(line) for line in out.splitlines()) <= WIDTH and out.rstrip().endswith(DETAILS_HINT)
+    assert (tmp_path / "map.png").is_file()
+    assert leaderboard_main([str(csv_path)], "markdown", crossover="mask75") == 0
+    assert capsys.readouterr().out.count("| micro_s | 2 | 64 |") == 2  # Markdown: every column, a line per cell
     assert leaderboard_main([str(csv_path)], crossover="sprint75") == 2  # an arm the rows lack: bad input
     assert "--crossover sprint75: no such arm in these rows; they have mask0, mask75" in capsys.readouterr().err
     assert leaderboard_main([str(csv_path)], crossover="mask75", baseline="mask75_then0") == 1

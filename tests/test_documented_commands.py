@@ -273,7 +273,21 @@ def how_run(argv: list[str]) -> str:
         return "up to the work: the run's config and overrides checked (the work: test_eval_cli.py, test_sample.py)"
     if tuple(argv[:2]) == ("data", "synth"):
         return "up to the work: the data overrides checked (generating: test_synth.py)"
+    if argv[0] == "leaderboard" and {"--plot", "--html"} & set(argv):
+        return "run, its figures built but not rendered (rendering: test_html.py, test_leaderboard.py)"
     return "run"
+
+
+def unrendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Figures are built (every axis, line and label a plot or study page draws) but not rendered: an empty file
+    stands for each PNG. Rendering is matplotlib's layout and rasterising, most of a plotting command's time here;
+    test_html.py and test_leaderboard.py render them."""
+    from matplotlib.figure import Figure
+
+    def empty_png(figure: Figure, target, *args, **kwargs) -> None:
+        target.write(b"") if hasattr(target, "write") else Path(target).write_bytes(b"")
+
+    monkeypatch.setattr(Figure, "savefig", empty_png)
 
 
 class WorkReached(Exception):
@@ -288,6 +302,7 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
 
     if runs_training(argv):
         return cli.main([*argv, "--dry-run"])
+    unrendered(monkeypatch)
     if parsed_only(argv):
         cli.build_parser(argv[0]).parse_args(argv)
         return 0

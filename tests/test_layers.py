@@ -11,6 +11,7 @@ dependency. The rule holds module by module and folder by folder.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -82,6 +83,12 @@ def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
             for name, path in modules.items()}
 
 
+@functools.cache
+def package_graph() -> dict[str, set[str]]:
+    """maskbench's own `graph`, parsed once for this module's tests (read only)."""
+    return graph()
+
+
 def folder(module: str) -> str:
     """The layer folder a module lives in: `data`, ..., `runs`, `cli` (the command line), or "" (the base)."""
     part = module.split(".")[1] if "." in module else ""
@@ -102,7 +109,7 @@ def folder_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_module_imports_a_layer_above_its_own() -> None:
-    upward = sorted(f"{module} -> {target}" for module, targets in graph().items() for target in targets
+    upward = sorted(f"{module} -> {target}" for module, targets in package_graph().items() for target in targets
                     if layer(target) > layer(module))
     assert upward == []
 
@@ -127,7 +134,7 @@ def import_loops(edges: dict[str, set[str]]) -> list[str]:
 
 
 def test_there_is_no_import_loop() -> None:
-    assert import_loops(graph()) == []
+    assert import_loops(package_graph()) == []
 
 
 def test_an_importlib_loop_is_caught(tmp_path: Path) -> None:
@@ -146,7 +153,7 @@ def test_an_importlib_loop_is_caught(tmp_path: Path) -> None:
 def test_no_layer_folder_imports_one_above_it_or_loops_back() -> None:
     """Folder by folder: an import from a lower folder into a higher one, or a loop between two folders (as
     `config` and `models` once imported each other), fails here even where no single module loops."""
-    folders = folder_graph(graph())
+    folders = folder_graph(package_graph())
     rank = {name: LAYERS.index(name) if name != "base" else -1 for name in (*LAYERS, "base")}
     upward = sorted(f"{source} -> {target}" for source, targets in folders.items() for target in targets
                     if rank[target] > rank[source])
@@ -155,10 +162,10 @@ def test_no_layer_folder_imports_one_above_it_or_loops_back() -> None:
 
 def test_the_base_is_found_by_folder_and_imports_nothing_above_it() -> None:
     """The base is what lives outside the layer folders: config/, conf/ and the package's own files."""
-    base = {module for module in graph() if layer(module) == -1}
+    base = {module for module in package_graph() if layer(module) == -1}
     assert {"maskbench.config.schema", "maskbench.config.presets", "maskbench.errors", "maskbench.metrics"} <= base
     assert not {m for m in base if set(m.split(".")[1:2]) & set(LAYERS)}
-    assert not {target for module in base for target in graph()[module] if layer(target) != -1}
+    assert not {target for module in base for target in package_graph()[module] if layer(target) != -1}
 
 
 def test_a_type_checking_import_loads_nothing_and_a_runtime_one_counts(tmp_path: Path) -> None:

@@ -162,6 +162,16 @@ def bootstrap_frechet(features: np.ndarray, reference: FeatureStats, counts: np.
     return np.array([_resample_distance(x, z, root, c, reference.mu, trace_ref) for c in counts])  # R
 
 
+def frechet_of_features(features: np.ndarray, reference: FeatureStats, features_name: str) -> float:
+    """The Fréchet distance of N feature rows (their mean and np.cov covariance) to `reference`: the resample that
+    draws every row once (`bootstrap_frechet`). With fewer rows than dimensions its trace term is one N×N
+    eigen-decomposition instead of `frechet_distance`'s F×F one (256 samples of 2048-d Inception features:
+    ~500× fewer operations); with more, the same F×F one."""
+    if features_name != reference.features_name:
+        raise ValueError(f"cannot compare {reference.features_name!r} features with {features_name!r} features")
+    return float(bootstrap_frechet(features, reference, np.ones((1, len(features)), dtype=np.int64))[0])
+
+
 def _resample_distance(x: np.ndarray, z: np.ndarray, root: np.ndarray, counts: np.ndarray, mu_ref: np.ndarray,
                        trace_ref: float) -> float:
     """FD to the reference of the resample that draws row i counts[i] times (np.cov's n-1 normalisation)."""

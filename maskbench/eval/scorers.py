@@ -17,7 +17,7 @@ import torch
 
 from maskbench.data.synth import scene_from_json
 from maskbench.eval.clip import ClipScorer, clip_metrics
-from maskbench.eval.fid import FeatureExtractor, FeatureStats, bootstrap_frechet
+from maskbench.eval.fid import FeatureExtractor, FeatureStats, bootstrap_frechet, frechet_of_features
 from maskbench.eval.oracle import Oracle
 
 
@@ -93,7 +93,7 @@ def frechet_metrics(name: str, features: np.ndarray, features_name: str, referen
     resamples of the feature rows) also `name_se`, its SD over the resamples, and `name_ci`, their 95%
     percentile interval (eval.jsonl only). With few samples in many dimensions the resamples, ~63% distinct
     rows each, sit above the point value (FD's bias grows as samples fall): the interval need not cover it."""
-    distance = reference.frechet_distance(FeatureStats.from_features(features, features_name))
+    distance = frechet_of_features(features, reference, features_name)
     if counts is None:
         return {name: distance}
     resampled = bootstrap_frechet(features, reference, counts)                      # R

@@ -46,6 +46,7 @@ from maskbench.results.estimators import (
 from maskbench.results.leaderboard import Row
 from maskbench.results.multiplicity import EXPLORATORY, Family, adjust, corrected_difference
 from maskbench.results.summary import SIZE_TOLERANCE, paired_by_condition, source_family
+from maskbench.results.tables import WIDTH, compact_table, layout, wrap_lines
 from maskbench.results.targets import horizon_target, seed_ratio
 
 if TYPE_CHECKING:  # matplotlib loads only when a map is drawn
@@ -214,27 +215,40 @@ CROSSOVER_NOTE = (
     "and metrics a bound counts as undecided.")
 
 
-def render_cells(cells: Sequence[Cell], family: Family = EXPLORATORY) -> str:
+def render_cells(cells: Sequence[Cell], family: Family = EXPLORATORY, compact: bool = False) -> str:
     """The map as a markdown table, one line per cell: per compared metric (FD and val loss side by side,
     and a plan's primary metrics) the FLOPs ratio with its verdict and the paired difference with its, then
-    the plan's "pays", whether the metrics agree, and whether the reading is confirmatory; then a note."""
+    the plan's "pays", whether the metrics agree, and whether the reading is confirmatory; then a note.
+    `compact`: text within `tables.WIDTH` columns instead, one table per (model, batch) under its heading, with
+    the columns a verdict is read from (horizon, n, per metric the ratio, p adj and its verdict, then pays and
+    metrics); the differences are the markdown's (`--details`)."""
     metrics = family.compared()
     pct = f"{100 * (1 - family.alpha):g}%"
     per_metric = (f"FLOPs ratio ({pct} CI)", "p adj", "ratio verdict", f"Δ ({pct} CI)", "verdict")
     header = ["model", "params", "batch", "horizon", "FLOPs", "n",
               *(f"{get_metric(m).label} {column}" for m in metrics for column in per_metric), "pays", "metrics", "reading"]
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    rows = []
     for c in cells:
         verdicts = cell_verdicts(c, family.alpha)
         cells_of_metrics = [x for m in metrics for x in _metric_cells(c.readings.get(m), family.alpha)]
         reading = sorted({family.reading(m, "train_flops") for m in c.readings})
-        lines.append(f"| {c.model} | {c.params} | {c.batch_size} | {c.point:g} | {c.horizon_flops:.3g} | {c.n} | "
-                     + " | ".join(cells_of_metrics)
-                     + f" | {family.pays(verdicts)} | {_agreement(c, family.alpha)} | {', '.join(reading)} |")
+        rows.append([c.model, str(c.params), str(c.batch_size), f"{c.point:g}", f"{c.horizon_flops:.3g}", str(c.n),
+                     *cells_of_metrics, family.pays(verdicts), _agreement(c, family.alpha), ", ".join(reading)])
     pays_on = " and ".join(get_metric(m).label for m in (family.metrics or CO_PRIMARY))
-    notes = list(dict.fromkeys(note for c in cells for note in c.notes))
-    return "\n".join(lines + ["", *notes, *([""] if notes else []),
-                              CROSSOVER_NOTE.format(pct=pct, method=family.method, alpha=family.alpha, pays_on=pays_on)])
+    notes = [*dict.fromkeys(note for c in cells for note in c.notes),
+             CROSSOVER_NOTE.format(pct=pct, method=family.method, alpha=family.alpha, pays_on=pays_on)]
+    if not compact:
+        lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines + ["", *notes[:-1], *([""] if notes[:-1] else []), notes[-1]])
+    keep = ["horizon", "n", *(f"{get_metric(m).label} {column}" for m in metrics for column in per_metric[:3]),
+            "pays", "metrics", "reading"]
+    groups: dict[tuple[str, ...], list[list[str]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[:3]), []).append(row)
+    tables = [compact_table(f"{model} ({params} params) / batch {batch}", header, group, keep, lift=("n", "reading"))
+              for (model, params, batch), group in groups.items()]
+    return "\n".join(layout(tables, "table", WIDTH) + wrap_lines(notes, WIDTH))
 
 
 def _metric_cells(reading: Reading | None, alpha: float) -> list[str]:

@@ -303,7 +303,8 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         found, baseline, family = applied_plan(rows, paths, plan, baseline)
         tolerance = None if allow_size_mismatch else SIZE_TOLERANCE
         if crossover:
-            return _print_crossover(rows, crossover, baseline, plot, found, family, tolerance)
+            return _print_crossover(rows, crossover, baseline, plot, found, family, tolerance,
+                                    compact=fmt == "table" and not details)
         analysis = analyse_rows(rows, found, baseline, family, fits=fmt != "csv" or bool(plot),
                                 size_tolerance=tolerance)
         summary, fits = analysis.summary, analysis.fits
@@ -350,7 +351,7 @@ def _print_mlperf(rows, baseline: str, fmt: str) -> int:
 
 
 def _print_crossover(rows, arm: str, baseline: str, plot: str | None, plan: Plan | None,
-                     family: Family, size_tolerance: float | None) -> int:
+                     family: Family, size_tolerance: float | None, compact: bool) -> int:
     from maskbench.results.crossover import correct_cells, crossover_cells, plot_crossover, render_cells
 
     measured = sorted({row["arm"] for row in rows if not row["source"]})
@@ -363,8 +364,10 @@ def _print_crossover(rows, arm: str, baseline: str, plot: str | None, plan: Plan
               "and budget", file=sys.stderr)
         return 1
     cells, tests = correct_cells(cells, family)
-    _print_plan_line(plan.describe(rows, tests) if plan else NO_PLAN, "markdown")
-    print(render_cells(cells, family))
+    _print_plan_line(plan.describe(rows, tests) if plan else NO_PLAN, "table" if compact else "markdown", compact)
+    print(render_cells(cells, family, compact))
+    if compact:
+        print("\n" + DETAILS_HINT)
     if plot:
         print(f"plot written to {plot_crossover(cells, plot, f'{arm} against {baseline}')}", file=sys.stderr)
     return 0

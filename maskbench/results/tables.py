@@ -163,9 +163,9 @@ def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPL
                for axis in shown):
             notes.append(POOLED_SHORT_NOTE if compact else POOLED_NOTE)
     if fmt == "markdown":
-        return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
+        return "\n".join(layout(tables, fmt) + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
     width = WIDTH if compact else None
-    return "\n".join(_layout(tables, fmt, width) + wrap_lines(lines_of_disagreement, width)
+    return "\n".join(layout(tables, fmt, width) + wrap_lines(lines_of_disagreement, width)
                      + ([""] if lines_of_disagreement else []) + wrap_lines(notes, width))
 
 
@@ -180,7 +180,7 @@ def _summary_tables(summary: Sequence[Summary], sources: list[str], compact: boo
     features = [name for name in header if name.endswith(" features")]
     tables = _grouped(header, measured, header[len(GROUP_HEAD):], lift=features)
     references = [_table_cells(r, sources) for r in summary if r.is_reference]
-    return tables + ([_compact_table("Published references:", header, references, header)] if references else [])
+    return tables + ([compact_table("Published references:", header, references, header)] if references else [])
 
 
 def _comparison_tables(compared: Sequence[Summary], family: Family, baseline: str, pct: str,
@@ -229,9 +229,9 @@ def render_scaling(fits: Sequence[GroupFit], fmt: str = "table", level: float = 
                                  meaning=" ".join((FAILURE_RULES[first.rule].__doc__ or "").split()))]
     notes += list(dict.fromkeys(f"{group_label(*fit.group)}: {note}" for fit in fits for note in fit.notes))
     if fmt == "markdown":
-        return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in notes])
+        return "\n".join(layout(tables, fmt) + [f"- {line}" for line in notes])
     width = None if details else WIDTH
-    return "\n".join(_layout(tables, fmt, width) + wrap_lines(notes, width))
+    return "\n".join(layout(tables, fmt, width) + wrap_lines(notes, width))
 
 
 VERDICT_TITLE = ("The plan's verdict at B (pays.ratio: compute multiplier): per arm and metric, T1 the paired difference "
@@ -275,8 +275,8 @@ def render_verdicts(verdicts: Sequence[ArmVerdict], fmt: str = "table", family: 
     lines.append(VERDICT_NOTE.format(method=family.method, alpha=family.alpha, metrics=metrics, baseline=baseline,
                                      ses=DETECTED_SES))
     if fmt == "markdown":
-        return "\n".join(_layout(tables, fmt) + [f"- {line}" for line in lines])
-    return "\n".join(_layout(tables, fmt, width) + wrap_lines(lines, width))
+        return "\n".join(layout(tables, fmt) + [f"- {line}" for line in lines])
+    return "\n".join(layout(tables, fmt, width) + wrap_lines(lines, width))
 
 
 def _verdict_tables(header: Sequence[str], rows: Sequence[tuple[tuple, list[str]]]) -> list[Table]:
@@ -286,9 +286,9 @@ def _verdict_tables(header: Sequence[str], rows: Sequence[tuple[tuple, list[str]
     tables = []
     for group, cells in _by_group(rows).items():
         label = _heading(group)
-        tables += [_compact_table(f"{label}: T1, the difference at B", header, cells, ("arm", "metric", *header[3:t1]),
+        tables += [compact_table(f"{label}: T1, the difference at B", header, cells, ("arm", "metric", *header[3:t1]),
                                   short=("T1 verdict",)),
-                   _compact_table(f"{label}: T2, M(B), the held-out check and the arm's verdict", header, cells,
+                   compact_table(f"{label}: T2, M(B), the held-out check and the arm's verdict", header, cells,
                                   ("arm", "metric", *header[t1:t2], "reading"), lift=("reading",))]
     return tables
 
@@ -407,7 +407,7 @@ def _prediction_cells(prediction: Prediction, label: str) -> list[str]:
             verdict]
 
 
-def _layout(tables: Sequence[Table], fmt: str, width: int | None = None) -> list[str]:
+def layout(tables: Sequence[Table], fmt: str, width: int | None = None) -> list[str]:
     """Tables one after another, each under its title, a blank line after each; Markdown puts a title in a
     paragraph of its own so that it is not read into the table. With a width, text titles wrap and text
     tables narrow to it (`_text_table`)."""
@@ -433,7 +433,7 @@ def wrap_lines(lines: Sequence[str], width: int | None) -> list[str]:
 def _grouped(header: Sequence[str], rows: Sequence[tuple[tuple, list[str]]], keep: Sequence[str],
              lift: Sequence[str] = (), short: Sequence[str] = ()) -> list[Table]:
     """Rows of (group, cells) as one compact table per group under its heading (`_compact_table`)."""
-    return [_compact_table(_heading(group), header, cells, keep, lift, short) for group, cells in _by_group(rows).items()]
+    return [compact_table(_heading(group), header, cells, keep, lift, short) for group, cells in _by_group(rows).items()]
 
 
 def _by_group(rows: Sequence[tuple[tuple, list[str]]]) -> dict[tuple, list[list[str]]]:
@@ -449,7 +449,7 @@ def _heading(group: tuple) -> str:
     return group_label(*group).strip("/")
 
 
-def _compact_table(heading: str, header: Sequence[str], cells: list[list[str]], keep: Sequence[str],
+def compact_table(heading: str, header: Sequence[str], cells: list[list[str]], keep: Sequence[str],
                    lift: Sequence[str] = (), short: Sequence[str] = ()) -> Table:
     """The columns of `keep` that hold a value in some row, each column of `lift` that holds one value in every
     row moved into the heading as "(name: value)", and the verdicts of the columns in `short` shortened
