@@ -37,8 +37,8 @@ class SlowClock:
 
 @pytest.fixture(scope="module")
 def instrumented(tmp_path_factory, synth_root) -> tuple[dict, str]:
-    """One compiled run whose loader is slow (on the fake clock) under a stand-in peak of 1 FLOP/s: its row and
-    its stderr. Each test below reads the part its column or warning is about."""
+    """One compiled two-phase run (mask75_then0) whose loader is slow (on the fake clock), under a stand-in peak of
+    1 FLOP/s: its row and its stderr. Each test below reads the part its column or warning is about."""
     tmp_path = tmp_path_factory.mktemp("device_hours")
     clock, batch, real_decoder = SlowClock(), 8, loop.loader_decoder
 
@@ -57,7 +57,7 @@ def instrumented(tmp_path_factory, synth_root) -> tuple[dict, str]:
                                                                 monotonic=clock.monotonic))
         monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
         monkeypatch.setattr(record, "device_peak", lambda device, precision: (1.0, "measured:stand-in"))
-        train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "eval.points=[1.0]",
+        train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask75_then0", "eval.points=[1.0]",
                                          f"train.batch_size={batch}", "data.shuffle_buffer=8", "train.compile=true",
                                          "data.num_workers=0", *SMALL_EVAL)))  # decoded here, where the fake clock runs
     (row,) = read_rows([tmp_path / "leaderboard.csv"])
@@ -71,7 +71,8 @@ def test_a_slow_loader_shows_in_data_wait_and_not_in_gpu_hours(instrumented):
 
 
 def test_compilation_has_its_own_column(instrumented):
-    """The first step of the compiled graph counts as compilation, not training."""
+    """The first step of each compiled graph (one per phase: mask75_then0's two) counts as compilation, not
+    training."""
     row, _ = instrumented
     assert row["compile_s"] > 0 and row["gpu_hours"] > 0
     assert row["checkpoint_s"] > 0  # the final point's checkpoint was written before its row

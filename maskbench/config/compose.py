@@ -120,6 +120,13 @@ def _groups_composed(choices: tuple[str, ...]) -> DictConfig:
     return hydra_compose(choices)
 
 
+@functools.cache
+def _hydra_groups() -> frozenset[str]:
+    """The config groups Hydra knows: the folders of `maskbench/conf` and the stored `model` presets."""
+    folders = {path.name for path in CONF_DIR.iterdir() if path.is_dir() and not path.name.startswith("_")}
+    return frozenset(folders | {"model"})
+
+
 def composed_config(overrides: list[str]) -> DictConfig:
     """What `hydra_compose(overrides)` returns, in ~0.01 s instead of ~0.2 s (a sweep composes each cell several
     times; the test suite, thousands of runs): the group choices' composition is made once and copied, and the
@@ -130,8 +137,7 @@ def composed_config(overrides: list[str]) -> DictConfig:
     parsed = OverridesParser.create().parse_overrides(overrides)
     if any(o.is_sweep_override() or o.is_hydra_override() for o in parsed):
         return hydra_compose(tuple(overrides))
-    groups = {path.name for path in CONF_DIR.iterdir() if path.is_dir() and not path.name.startswith("_")} | {"model"}
-    is_choice = [o.key_or_group in groups and not isinstance(o.value(), dict) for o in parsed]
+    is_choice = [o.key_or_group in _hydra_groups() and not isinstance(o.value(), dict) for o in parsed]
     cfg = copy.deepcopy(_groups_composed(tuple(o.input_line for o, choice in zip(parsed, is_choice) if choice)))
     ConfigLoaderImpl._apply_overrides_to_config([o for o, choice in zip(parsed, is_choice) if not choice], cfg)
     return cfg
