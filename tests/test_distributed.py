@@ -161,9 +161,10 @@ def test_batch_must_split_evenly_over_streams(tmp_path, synth_root):
 
 
 def test_maskdit_crosses_its_switch_on_two_processes(two_processes):
-    """At mask 0 MaskDiT's mask token gets no gradient (nothing is dropped, so nothing is filled); DDP must
-    still finish the step (with find_unused_parameters=False it stops at the switch: "Expected to have
-    finished reduction in the prior iteration")."""
+    """At mask 0 MaskDiT's mask token gets no gradient (nothing is dropped, so nothing is filled). DDP does not
+    search for unused parameters (`make_accelerator`), so the switch wraps the model again ignoring the token;
+    a wrapper that still waited for its gradient would stop there ("Expected to have finished reduction in the
+    prior iteration")."""
     tmp = two_processes["tmp"] / "maskdit"
     _finished(tmp, two_processes["done"])
     [run_dir] = (tmp / "runs").iterdir()
@@ -173,8 +174,8 @@ def test_maskdit_crosses_its_switch_on_two_processes(two_processes):
 
 def test_a_conversion_runs_its_frozen_and_full_stages_on_two_processes(two_processes):
     """Skip-DiT's conversion freezes all but the new skips after DDP wrapped the model, then unfreezes them:
-    DDP finds the frozen ones unused (their grads stay None, so AdamW leaves them), and 2 processes train
-    what 1 process with 2 micro-batches does, through the switch."""
+    each stage is wrapped again with what it trains (the frozen parameters' grads stay None, so AdamW leaves
+    them), and 2 processes train what 1 process with 2 micro-batches does, through the switch."""
     tmp = two_processes["tmp"] / "convert"
     _finished(tmp, two_processes["done"])
     [two] = (tmp / "runs").iterdir()
@@ -185,8 +186,8 @@ def test_a_conversion_runs_its_frozen_and_full_stages_on_two_processes(two_proce
 
 @pytest.mark.parametrize("arm", distinct_arms())  # each arm another does not cover (its phases, same options)
 def test_idle_parameters_are_exactly_those_a_phase_gives_no_gradient(tmp_path, synth_root, arm):
-    """DDP is told to look for unused parameters only when `idle_parameters` names some; a real backward of
-    each phase of each shipped arm must leave exactly those without a gradient, or a multi-GPU run stops."""
+    """DDP ignores, in each phase, the parameters `idle_parameters` names; a real backward of each phase of
+    each shipped arm must leave exactly those without a gradient, or a multi-GPU run stops."""
     cfg = load_config(arm_overrides(tmp_path, synth_root, arm, "eval.points=[1.0]"))
     torch.manual_seed(0)
     model = build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data, create=False))
@@ -224,5 +225,8 @@ def test_ddp_does_not_rebroadcast_the_models_fixed_buffers(tmp_path, synth_root)
     each forward would only cost a collective."""
     cfg = load_config(tiny_overrides(tmp_path, synth_root))
     assert make_accelerator(cfg).ddp_handler.broadcast_buffers is False
+    # nor search for unused parameters after every forward, even for an arm whose phases need different ones
+    maskdit = load_config(arm_overrides(tmp_path, synth_root, "maskdit50"))
+    assert make_accelerator(maskdit).ddp_handler.find_unused_parameters is False
     model = build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data))
     assert {name for name, _ in model.named_buffers()} <= {"pos_embed", "text_encoder.token_table"}

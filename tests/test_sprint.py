@@ -9,9 +9,9 @@ import torch
 from maskbench.config import load_config
 from maskbench.config.presets import ModelConfig
 from maskbench.errors import ConfigError
-from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
+from maskbench.models.dit import DiT, idle_parameters
 from maskbench.models.inputs import StepInputs
-from maskbench.models.masking import random_keep_idx
+from maskbench.models.masking import draw_path_drop, random_keep_idx
 from maskbench.models.objective import interpolate
 from maskbench.models.text import SynthTextEncoder
 from tests.conftest import randomized
@@ -101,11 +101,11 @@ def test_the_mask_token_is_fixed_and_saved() -> None:
 
 
 def test_path_drop_draws_from_its_own_generator() -> None:
-    cfg = ModelConfig(**SPRINT)
-    first = draw_path_drop(20_000, cfg, torch.Generator().manual_seed(3))
-    assert torch.equal(first, draw_path_drop(20_000, cfg, torch.Generator().manual_seed(3)))
+    chance = ModelConfig(**SPRINT).path_drop
+    first = draw_path_drop(20_000, chance, torch.Generator().manual_seed(3))
+    assert torch.equal(first, draw_path_drop(20_000, chance, torch.Generator().manual_seed(3)))
     assert 0.09 < first.float().mean() < 0.11
-    assert draw_path_drop(8, ModelConfig(), torch.Generator().manual_seed(3)) is None
+    assert draw_path_drop(8, ModelConfig().path_drop, torch.Generator().manual_seed(3)) is None
 
 
 def test_path_drop_needs_the_fusion() -> None:

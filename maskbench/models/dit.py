@@ -42,7 +42,6 @@ from maskbench.config.presets import (
 )
 from maskbench.models.inputs import FULL, StepInputs
 from maskbench.models.kernels import gather_tokens, scatter_tokens
-from maskbench.models.masking import host_to_device
 from maskbench.models.routing import run_routed
 
 TIMESTEP_FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP (as DiT)
@@ -234,23 +233,12 @@ class SparseDenseFusion(nn.Module):
         return self.proj(torch.cat([deep, dense], dim=-1))                                     # B×L×D
 
 
-def draw_path_drop(batch: int, cfg: ModelConfig, generator: torch.Generator,
-                   device: torch.device | str | None = None) -> torch.Tensor | None:
-    """B bool, the training samples whose deep path SPRINT drops (src/models/sit.py: each with chance 0.1 in
-    its config), from their own generator so no other draw of the step moves, on the generator's device (the
-    trainer's: the CPU) and then moved to `device`; None when the model has no path drop."""
-    if not cfg.path_drop:
-        return None
-    return host_to_device(torch.rand(batch, generator=generator, device=generator.device) < cfg.path_drop,
-                          device)                                                               # B
-
-
 def idle_parameters(cfg: ModelConfig, mask_ratio: float) -> list[str]:
     """The parameters a training step at `mask_ratio` gives no gradient.
 
-    With a decoder and nothing dropped, no slot is filled with the mask token. DDP has to be told
-    (`find_unused_parameters`), or it waits for that gradient and fails at the next step;
-    `tests/test_distributed.py` checks this list against a real backward for every shipped arm.
+    With a decoder and nothing dropped, no slot is filled with the mask token. A phase trains without them
+    (`train.ddp`), or DDP waits for their gradient and fails at the next step; `tests/test_distributed.py`
+    checks this list against a real backward for every shipped arm.
     """
     return ["mask_token"] if cfg.decoder_depth and not cfg.sparse_fusion and mask_ratio == 0 else []
 

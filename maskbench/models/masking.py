@@ -1,4 +1,5 @@
-"""Which tokens each sample keeps when training on a fraction of its tokens.
+"""Which tokens each sample keeps when training on a fraction of its tokens (and, for SPRINT, which samples
+drop their deep path).
 
 Every sample keeps the same number K of tokens so the kept activations stay one dense B×K×D tensor
 (no padding, no ragged batches). Indices are sorted so kept tokens keep their raster order, which
@@ -57,6 +58,16 @@ def drop_idx(keep_idx: torch.Tensor, seq_len: int) -> torch.Tensor:
     B, K = keep_idx.shape
     dropped = torch.ones(B, seq_len, dtype=torch.bool, device=keep_idx.device).scatter_(1, keep_idx, False)  # B×L
     return dropped.byte().argsort(dim=1, descending=True, stable=True)[:, :seq_len - K]     # B×(L−K)
+
+
+def draw_path_drop(batch: int, chance: float, generator: torch.Generator,
+                   device: torch.device | str | None = None) -> torch.Tensor | None:
+    """B bool, the training samples whose deep path SPRINT drops, each with chance `chance` (its
+    `src/models/sit.py`, 0.1 in its config), from their own generator so no other draw of the step moves, on
+    the generator's device (the trainer's: the CPU) and then moved to `device`; None at chance 0 (no draw)."""
+    if not chance:
+        return None
+    return host_to_device(torch.rand(batch, generator=generator, device=generator.device) < chance, device)  # B
 
 
 def host_to_device(x: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:

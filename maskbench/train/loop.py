@@ -39,22 +39,23 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from timm.layers import set_fused_attn
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from maskbench.config import RunConfig, Trainable, demote_routes, run_id, to_dict
+from maskbench.config import RunConfig, demote_routes, run_id, to_dict
 from maskbench.config.presets import check_model
 from maskbench.data.dataset import DatasetInfo, generate_synth, resolve_dataset
 from maskbench.data.loader import ShardLoader, auto_workers, make_loader, worker_counts
 from maskbench.errors import ConfigError
 from maskbench.files import write_atomic
 from maskbench.models.build import batch_context, build_model, loader_decoder
-from maskbench.models.dit import DiT, draw_path_drop, idle_parameters
-from maskbench.models.inputs import Demotion, StepInputs
-from maskbench.models.masking import host_to_device, random_keep_idx
+from maskbench.models.dit import DiT
+from maskbench.models.inputs import StepContext, StepInputs
+from maskbench.models.masking import host_to_device
 from maskbench.models.objective import sample_t, windowed_flow_loss
-from maskbench.models.routing import draw_token_route
 from maskbench.train.checkpoint import RunDir, TrainState, environment, load_checkpoint, save_checkpoint
+from maskbench.train.ddp import rewrap
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
 from maskbench.train.horizons import run_branch
@@ -193,8 +194,7 @@ class Trainer:
         # Unwrapped once: accelerate's unwrap_model walks every module per call, ~1.5 ms a step on a small model.
         self.net: DiT = acc.unwrap_model(self.model)
         self.param_list = trained  # for clipping, without a generator walk per step
-        # Static shapes: K changes with the mask ratio, so each phase compiles its own graph once.
-        self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
+        self.forward = self.compiled(self.model)
         if cfg.train.compile:  # a demotion route's sub-batches take 2 graphs per input size (`batch_dynamic`)
             sizes = 1 + len({route.ratio for route in self.demote_routes})
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * sizes)
@@ -264,6 +264,17 @@ class Trainer:
         save_checkpoint(self.accelerator, self.run, name, self.state.step, self.cfg.train.keep_checkpoints)
         self.state.checkpoint_seconds += time.perf_counter() - tick
 
+    def compiled(self, model: nn.Module) -> Callable[..., torch.Tensor]:
+        """The training forward. Static shapes: K changes with the mask ratio, so each phase compiles its own
+        graph once."""
+        return torch.compile(model, dynamic=False) if self.cfg.train.compile else model
+
+    def wrap_again(self) -> None:
+        """A new DDP wrapper for what requires a gradient now (a phase switch: `train.ddp`); none on one process."""
+        if isinstance(self.model, DistributedDataParallel):
+            self.model = rewrap(self.accelerator, self.model)
+            self.forward = self.compiled(self.model)
+
     # ------------------------------------------------------------------------------------ step
     def step_draws(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> StepDraws:
         """One stream's micro-batch on the device with every draw of its step.
@@ -285,18 +296,11 @@ class Trainer:
         # (`downscaled_count`), and the loss splits a demotion step by it without waiting on the device.
         t = sample_t(b, generator("t"), torch.device("cpu"))                            # b
         drop = host_to_device(torch.rand(b, generator=generator("dropout")) < cfg.train.caption_dropout, device)  # b
-        mask = generator("mask")  # the mask, then TREAD's route: an arm without a route draws as before
-        keep_idx = random_keep_idx(b, unwrapped.seq_len, phase.mask_ratio, generator=mask,
-                                   device=device, grid=unwrapped.grid, structured=cfg.model.structured_mask)
-        span_idx = draw_token_route(cfg.model, b, unwrapped.seq_len, keep_idx, mask, device)  # b×R, None unrouted
-        drop_path = draw_path_drop(b, cfg.model, generator("path_drop"), device)        # b, None without SPRINT's
         noise = host_to_device(torch.randn(x0.shape, generator=generator("noise")), device)  # b×C×H×W
         context, context_mask = batch_context(unwrapped, batch, device)
-        demotion = None
-        if self.demote_routes and phase.demote:  # latent data's demoted x0 on the device: the loss indexes it by t there
-            demoted = {ratio: x.to(device, non_blocking=True) for ratio, x in batch.get("demoted", {}).items()}
-            demotion = Demotion(self.demote_routes, cfg.train.demote_gate, generator("demote"), demoted or None)
-        inputs = StepInputs(keep_idx, span_idx, drop_path, demotion, self.repa)
+        step_context = StepContext(cfg, batch, phase.mask_ratio, phase.demote, unwrapped.seq_len, unwrapped.grid,
+                                   device, generator)
+        inputs = StepInputs.draw(step_context, repa=self.repa)  # each technique's own draw (`models.inputs`)
         return StepDraws(x0, t, drop, noise, context, context_mask, inputs)
 
     def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -527,13 +531,9 @@ def make_accelerator(cfg: RunConfig) -> Accelerator:
     if precision == "auto":
         precision = "bf16" if cuda else "no"
     timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.train.dist_timeout_minutes))
-    # DDP's search for unused parameters walks the autograd graph every step: only for an arm that needs it.
-    # A skips-only phase freezes all but the long skips after the wrap: DDP must find them unused (their grads
-    # stay None on every rank, so AdamW leaves them as they are).
-    idle = any(idle_parameters(cfg.model, phase.mask_ratio) or phase.trainable != Trainable.all
-               for phase in cfg.arm.phases)
+    # No search for unused parameters: each phase's wrapper registers exactly what it trains (`train.ddp`).
     # The model's buffers (fixed positions, the synth token table) never change: no rebroadcast each forward.
-    ddp = DistributedDataParallelKwargs(find_unused_parameters=idle, broadcast_buffers=False)
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=False, broadcast_buffers=False)
     trackers = None if cfg.train.log_with == "none" else cfg.train.log_with
     return Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
                        gradient_accumulation_steps=cfg.train.grad_accum, kwargs_handlers=[timeout, ddp], log_with=trackers,

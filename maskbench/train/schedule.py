@@ -23,14 +23,16 @@ import torch
 from maskbench.config import LRSchedule, Phase, RunConfig, Trainable, Until, demote_routes
 from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
+from maskbench.models.inputs import StepInputs
 from maskbench.models.objective import route_choice, sample_t
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
 from maskbench.train.repa import repa_sample_flops
 
 # The purposes a step draws random numbers for, each from its own stream (common random numbers): two
 # arms with one seed draw the same t, caption dropout and noise at every step they share, whatever else
-# each draws (the mask, a demotion route's fresh noise) and in whatever order.
-DRAWS = ("t", "dropout", "noise", "mask", "demote", "path_drop")  # append only: an index keys each stream
+# each draws (its techniques' `StepInputs` fields: the mask, a demotion route's fresh noise) and in whatever
+# order. Append only: a purpose's index keys its stream.
+DRAWS = ("t", "dropout", "noise", *StepInputs.purposes())
 
 
 def step_generator(seed: int, stream: int, step: int, purpose: str) -> torch.Generator:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +25,7 @@ from accelerate.utils import broadcast_object_list
 from maskbench.config import Trainable, Until
 from maskbench.models.dit import DiT
 from maskbench.models.objective import flow_loss
+from maskbench.train.ddp import Layout, phase_layout
 from maskbench.train.schedule import PhasePlan, batch_step_flops, make_schedule, rule_checks
 
 if TYPE_CHECKING:
@@ -98,13 +99,13 @@ def crossed(until: Until, value: float, memory: dict, reference: float | None) -
     return fired
 
 
-def set_trainable(model: DiT, trainable: str) -> None:
-    """all: every parameter trains; skips: only the long-skip layers (Skip-DiT's stage 1). Frozen parameters
-    get no gradient, so autograd skips their weight grads and the optimizer leaves them (and their Adam
-    state) untouched."""
+def set_trainable(model: DiT, trainable: str, idle: Collection[str] = ()) -> None:
+    """all: every parameter trains; skips: only the long-skip layers (Skip-DiT's stage 1); never the `idle`
+    ones, which the phase's steps give no gradient. Frozen parameters get no gradient, so autograd skips their
+    weight grads and the optimizer leaves them (and their Adam state) untouched."""
     skips = {id(param) for _, param in model.skip_parameters()}
-    for param in model.parameters():
-        param.requires_grad_(trainable == Trainable.all or id(param) in skips)
+    for name, param in model.named_parameters():
+        param.requires_grad_((trainable == Trainable.all or id(param) in skips) and name not in idle)
 
 
 class PhaseRules:
@@ -114,16 +115,19 @@ class PhaseRules:
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.trainable = Trainable.all  # what the model trains now (a phase may freeze all but the skips)
+        self.layout: Layout = (Trainable.all, ())  # what the model trains now (`train.ddp`): all, as built
 
     def enter(self, phase: PhasePlan) -> None:
-        """Before a step: freeze what the phase does not train, note where the first phase ended, and take
-        the baseline of a growth rule at the phase's first step."""
+        """Before a step: train only what the phase's steps give a gradient (and wrap the model for DDP again
+        when that changed), note where the first phase ended, and take the baseline of a growth rule at the
+        phase's first step."""
         trainer = self.trainer
         model, state = trainer.net, trainer.state
-        if phase.trainable != self.trainable:
-            set_trainable(model, phase.trainable)
-            self.trainable = phase.trainable
+        layout = phase_layout(trainer.cfg, phase.trainable, phase.mask_ratio)
+        if layout != self.layout:
+            set_trainable(model, *layout)
+            self.layout = layout
+            trainer.wrap_again()
         if phase.index > 0 and state.switch_step is None:
             state.switch_step = phase.start
             where = f"horizon {trainer.branch.point:g}'s branch" if trainer.branch is not None else "the trunk"
