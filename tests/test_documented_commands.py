@@ -8,15 +8,19 @@ through `maskbench.cli.main`, each as `how_run` says (`python -m tests.test_docu
 table: each command, how it runs and why): `run` and `sweep` with `--dry-run` (every check a run makes, no
 training); `arms`, `leaderboard`, `sweep --emit/--status/--list-studies`, `data verify` for real; `eval`,
 `eval reference`, `sample`, `data synth`, `data pack` and `data encode` through their handlers up to the work
-itself; `repro`, `probe` and `bench` parsed by the real parser. An unknown option, key, arm or preset fails.
+itself; `repro` and `probe` for real on a trained toy run, `bench` for real; an inline mention that names a
+command's options without a whole command, its options checked. An unknown option, key, arm or preset fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
+import io
 import json
+import os
 import re
 import shlex
 import shutil
@@ -38,10 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "datasets").glob("*.md"))]
 SEPARATORS = {";", "|", "||", "&", "&&", ">", ">>", "<", "(", ")"}
 ELLIPSIS = ("...", "…")
-# Parsed only, and why: each runs for real at toy size in its own test file.
-PARSED_ONLY = {"repro": "reruns a trained run from its first step: tests/test_repro.py runs it on toy runs",
-               "probe": "trains probes on a trained run's weights: tests/test_gradfid.py runs it on toy runs",
-               "bench": "times this machine's kernels for seconds: tests/test_mfu.py and test_benchmarks.py"}
+# Run for real on the world's trained toy run (`maskbench bench`: on the world's own peak cache), and why there.
+ON_THE_TRAINED_RUN = {"repro": "run on a trained toy run: reruns it, then its checks",
+                      "probe": "run on a trained toy run: its options checked, the probe at 2 t bins x 3 batches of 2 "
+                               "samples (`toy_probe`), its map, table and certificate",
+                      "bench": "run: measures (or reads the world's cached) GEMM peak of this machine"}
 UP_TO_THE_WORK = {("data", "pack"), ("data", "encode")}
 
 
@@ -202,7 +207,7 @@ def write_card_inputs(data: Path, vae: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
+def world(tmp_path_factory, paired_runs) -> Path:
     """What the documented commands read, at the paths they name (absolute ones rooted here)."""
     world = tmp_path_factory.mktemp("world")
     models = world / "models"
@@ -229,6 +234,11 @@ def world(tmp_path_factory) -> Path:
     run = world / "runs" / "fixture-run"
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(load_config([]))))
+    shutil.copytree(paired_runs["mask0"], world / "runs" / "trained-run")  # what repro and probe work on
+    cache = world / "cache"  # bench's peak: the session's measurement if there is one, a --remeasure writes here
+    cache.mkdir()
+    if (measured := Path(os.environ["MASKBENCH_CACHE"]) / "gemm_peak.json").is_file():
+        shutil.copy(measured, cache)
     write_source_run(world / "runs" / "source-tiny_deep", load_config(["arm=mask0", "model=tiny_deep"]))
     write_card_inputs(world / "data", vae)
     (world / "my_arm.yaml").write_text("phases: [{mask_ratio: 0.5, fraction: 1.0}]\n")
@@ -241,12 +251,12 @@ VALUES = {"DIR": "data/sa1b/latent", "FILE": "my_arm.yaml", "NAME": "example", "
           "my_arm.yaml": "my_arm.yaml"}  # placeholders after `key=`, paths relative to the world
 
 
-def placed(token: str, world: Path) -> str:
-    """A documented token with its placeholders put into the world."""
+def placed(token: str, world: Path, run: str = "fixture-run") -> str:
+    """A documented token with its placeholders put into the world (a run named: world/runs/`run`)."""
     token = WORDS.get(token, token).replace("results/PLACEHOLDER-study/", "results/powered/")
     token = re.sub(r"runs/mask0-synth-tiny_deep-s0-PLACEHOLDER-hash", str(world / "runs" / "source-tiny_deep"), token)
     token = re.sub(r"RUN_DIR|runs/PLACEHOLDER-run_id|runs/mask0-synth-\w+-s0-[0-9a-f]{8}",
-                   str(world / "runs" / "fixture-run"), token)
+                   str(world / "runs" / run), token)
     token = re.sub(r"(?<![\w.])/(data|models|shared)(?=/|$)", lambda m: f"{world}/{m[1]}", token)
     key, eq, value = token.partition("=")
     return f"{key}={world / VALUES[value]}" if eq and value in VALUES and "/" in VALUES[value] or \
@@ -257,16 +267,25 @@ def runs_training(argv: list[str]) -> bool:
     return argv[0] == "run" or (argv[0] == "sweep" and not {"--emit", "--status", "--list-studies"} & set(argv))
 
 
-def parsed_only(argv: list[str]) -> bool:
-    return argv[0] in PARSED_ONLY
+def is_whole(argv: list[str]) -> bool:
+    """Whether the command's parser takes argv (an inline mention may name a command without its arguments)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            cli.build_parser(argv[0]).parse_args(argv)
+    except SystemExit:
+        return False
+    return True
 
 
-def how_run(argv: list[str]) -> str:
+def how_run(documented: Documented) -> str:
     """How the test runs a documented command, and why not further."""
+    argv = list(documented.argv)
+    if documented.inline and not is_whole(argv):
+        return "options checked: an inline mention of the command, its options named without a whole command"
     if runs_training(argv):
         return "--dry-run: every check of a run, no training (the training tests train at toy size)"
-    if parsed_only(argv):
-        return f"parsed: {PARSED_ONLY[argv[0]]}"
+    if argv[0] in ON_THE_TRAINED_RUN:
+        return ON_THE_TRAINED_RUN[argv[0]]
     if tuple(argv[:2]) in UP_TO_THE_WORK:
         return "up to the work: inputs read and checked (packing, encoding: test_sources.py, test_encode.py)"
     if argv[0] in ("eval", "sample"):
@@ -274,7 +293,7 @@ def how_run(argv: list[str]) -> str:
     if tuple(argv[:2]) == ("data", "synth"):
         return "up to the work: the data overrides checked (generating: test_synth.py)"
     if argv[0] == "leaderboard" and {"--plot", "--html"} & set(argv):
-        return "run, its figures built but not rendered (rendering: test_html.py, test_leaderboard.py)"
+        return "run, figures built not rendered: rendering is tested in test_html.py and test_leaderboard.py"
     return "run"
 
 
@@ -294,6 +313,17 @@ class WorkReached(Exception):
     """Raised in place of packing or encoding: the command got there with its inputs read and checked."""
 
 
+def toy_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`probe gradfid` at 2 t bins x 3 batches of 2 samples (its jackknife needs 3), whatever the command asks:
+    the documented sizes take ~10 s each on a toy run, and change how many gradients it averages, not which
+    code runs."""
+    from maskbench.runs import gradfid
+
+    probe = gradfid.probe_gradfid
+    monkeypatch.setattr(gradfid, "probe_gradfid", lambda run_dir, bins, batches, batch_size, seed, **options:
+                        probe(run_dir, 2, 3, 2, seed, **options))
+
+
 def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     """Run one documented command as the module docstring says; its exit code."""
     from maskbench.data import dataset
@@ -303,9 +333,8 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     if runs_training(argv):
         return cli.main([*argv, "--dry-run"])
     unrendered(monkeypatch)
-    if parsed_only(argv):
-        cli.build_parser(argv[0]).parse_args(argv)
-        return 0
+    if argv[0] == "probe":
+        toy_probe(monkeypatch)
     # up to the work itself: overrides composed and validated against the recorded / packaged config
     monkeypatch.setattr(reevaluate, "evaluate_run", lambda *args, **kwargs: [])
     monkeypatch.setattr(sample, "sample_run", lambda *args, **kwargs: Path("grid.png"))  # run in tests/test_sample.py
@@ -350,7 +379,9 @@ def test_the_docs_show_at_least_30_commands_and_each_dataset_card_is_collected()
 def test_a_documented_command_runs(documented: Documented, world: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture) -> None:
     monkeypatch.chdir(world)
-    argv = [placed(token, world) for token in documented.argv]
+    monkeypatch.setenv("MASKBENCH_CACHE", str(world / "cache"))
+    run = "trained-run" if documented.argv[0] in ON_THE_TRAINED_RUN else "fixture-run"
+    argv = [placed(token, world, run) for token in documented.argv]
     key = (tuple(argv), documented.inline)
     if key not in RESULTS:
         try:
@@ -441,6 +472,6 @@ def test_a_dry_run_names_every_missing_weight_file_and_the_setting_that_fixes_it
 
 if __name__ == "__main__":  # the table: every collected command, how the test runs it and why
     for documented in COMMANDS:
-        print(f"{documented}\n    {how_run(list(documented.argv))}")
-    modes = [how_run(list(documented.argv)).split(":")[0] for documented in COMMANDS]
+        print(f"{documented}\n    {how_run(documented)}")
+    modes = [how_run(documented).split(":")[0] for documented in COMMANDS]
     print(f"{len(COMMANDS)} documented commands: " + ", ".join(f"{modes.count(m)} {m}" for m in dict.fromkeys(modes)))
