@@ -509,6 +509,21 @@ def config_key_table(root: Path) -> str:
     return "\n".join(["| key | default | meaning |", "|---|---|---|", *lines])
 
 
+SUITE_LINE = re.compile(r"^# (?P<command>.+?)(?: --durations=0)? at (?P<commit>\w+), (?P<date>[\d-]+)T[\d:]+Z, "
+                        r"(?P<cpus>\d+) CPUs: (?P<summary>.+?) in (?P<seconds>[\d.]+)s")
+
+
+def suite_time(root: Path) -> str:
+    """results/suite_durations.txt's '#' lines (benchmarks/suite_durations.sh): the suite's and the quick subset's
+    time on this machine, alone, with `-n auto`."""
+    lines = (root / "results" / "suite_durations.txt").read_text().splitlines()
+    found = [match for line in lines if line.startswith("#") and (match := SUITE_LINE.match(line))]
+    return _table(("command", "tests", "time", "measured"),
+                  [[f"`{m['command']}`", re.sub(r"(\d{4,})", lambda n: f"{int(n[1]):,}", m["summary"]),
+                    f"{float(m['seconds']):.0f} s", f"{m['date']}, {m['commit']}, {m['cpus']} CPUs, alone"]
+                   for m in found])
+
+
 @dataclass(frozen=True)
 class DocTable:
     """A generated table: the CSVs it reads and the function that renders it from the repository root."""
@@ -533,6 +548,7 @@ TABLES: dict[str, DocTable] = {
     "longskip": DocTable(("results/longskip/leaderboard.csv",), longskip),
     "conversion": DocTable((PRE_CRN,), conversion),
     "downscale-routes": DocTable((PRE_CRN,), downscale_routes),
+    "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
     "config-keys": DocTable((), config_key_table),  # from the schema (maskbench/config/keys.py), no CSV
 }
 
