@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from maskbench.config.keys import config_keys
 from maskbench.metrics import get_metric
@@ -509,6 +510,30 @@ def config_key_table(root: Path) -> str:
     return "\n".join(["| key | default | meaning |", "|---|---|---|", *lines])
 
 
+FAIR = "results/fair/leaderboard.csv"
+
+
+def _grid_axis(root: Path, study: str, key: str) -> list[str]:
+    """The values of one `key=a,b,...` axis of a shipped study's grid (maskbench/conf/study/STUDY.yaml)."""
+    grid = yaml.safe_load((root / "maskbench" / "conf" / "study" / f"{study}.yaml").read_text())["grid"]
+    return next(line.partition("=")[2].split(",") for line in grid if line.partition("=")[0] == key)
+
+
+def fair_progress(root: Path) -> str:
+    """The fair study's cells (arm x seed, conf/study/fair.yaml): how many of each one's horizons have a row.
+    Rows land while the study runs: commit them with this table rewritten (`--write`)."""
+    arms, seeds, points = (_grid_axis(root, "fair", key) for key in ("arm", "seed", "eval.points"))
+    horizons = len(points)  # eval.points=[a,b,...] splits on its commas as well
+    done = defaultdict(int)
+    for row in _rows(root, FAIR):
+        done[row["arm"], str(row["seed"])] += 1
+    cells = [[f"`{arm}`", *(f"{done[arm, seed]}/{horizons}" if done[arm, seed] else "–" for seed in seeds)]
+             for arm in arms]
+    finished = sum(done[arm, seed] == horizons for arm in arms for seed in seeds)
+    return _table(("arm", *(f"seed {seed}" for seed in seeds)), cells) + \
+        f"\n\n{finished} of {len(arms) * len(seeds)} cells finished."
+
+
 SUITE_LINE = re.compile(r"^# (?P<command>.+?)(?: --durations=0)? at (?P<commit>\w+), (?P<date>[\d-]+)T[\d:]+Z, "
                         r"(?P<cpus>\d+) CPUs: (?P<summary>.+?) in (?P<seconds>[\d.]+)s")
 
@@ -548,6 +573,7 @@ TABLES: dict[str, DocTable] = {
     "longskip": DocTable(("results/longskip/leaderboard.csv",), longskip),
     "conversion": DocTable((PRE_CRN,), conversion),
     "downscale-routes": DocTable((PRE_CRN,), downscale_routes),
+    "fair-progress": DocTable((FAIR,), fair_progress),
     "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
     "config-keys": DocTable((), config_key_table),  # from the schema (maskbench/config/keys.py), no CSV
 }
