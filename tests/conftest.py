@@ -25,6 +25,11 @@ from maskbench.eval import standins
 from tests.fixtures_real import make_brushdata
 
 torch.set_num_threads(1)
+# One BLAS and OpenMP thread in every process the tests start: xdist's workers (`-n auto`, one per core) and the
+# processes tests launch inherit it. With numpy's and scipy's OpenBLAS at a thread per core in each of two workers,
+# a 2048-d eigendecomposition took 21 s instead of 1.5 s, and tests/test_latent_run.py 98 s instead of 34 s.
+for _threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 # Measured GEMM peaks are cached per machine; the tests (and the processes they start) share one fresh cache.
 os.environ.setdefault("MASKBENCH_CACHE", tempfile.mkdtemp(prefix="maskbench-cache-"))
 
