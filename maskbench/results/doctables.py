@@ -535,18 +535,23 @@ def fair_progress(root: Path) -> str:
 
 
 SUITE_LINE = re.compile(r"^# (?P<command>.+?)(?: --durations=0)? at (?P<commit>\w+), (?P<date>[\d-]+)T[\d:]+Z, "
-                        r"(?P<cpus>\d+) CPUs: (?P<summary>.+?) in (?P<seconds>[\d.]+)s")
+                        r"(?P<cpus>\d+) CPUs: (?P<summary>.+?) in (?P<seconds>[\d.]+)s.*?"
+                        r"(?:; runs: (?P<runs>[^;]+); median [\d.]+ s)?$")
 
 
 def suite_time(root: Path) -> str:
     """results/suite_durations.txt's '#' lines (benchmarks/suite_durations.sh): the suite's and the quick subset's
-    time on this machine, alone, with `-n auto`."""
+    time on this machine, alone, with `-n auto`: the median of the runs the line lists, or its one run."""
     lines = (root / "results" / "suite_durations.txt").read_text().splitlines()
     found = [match for line in lines if line.startswith("#") and (match := SUITE_LINE.match(line))]
+
+    def time(m: re.Match) -> str:
+        runs = [f"{float(t.removesuffix(' s')):.0f}" for t in m["runs"].split(", ")] if m["runs"] else []
+        return f"{float(m['seconds']):.0f} s" + (f" (median of {', '.join(runs)} s)" if len(runs) > 1 else "")
+
     return _table(("command", "tests", "time", "measured"),
-                  [[f"`{m['command']}`", re.sub(r"(\d{4,})", lambda n: f"{int(n[1]):,}", m["summary"]),
-                    f"{float(m['seconds']):.0f} s", f"{m['date']}, {m['commit']}, {m['cpus']} CPUs, alone"]
-                   for m in found])
+                  [[f"`{m['command']}`", re.sub(r"(\d{4,})", lambda n: f"{int(n[1]):,}", m["summary"]), time(m),
+                    f"{m['date']}, {m['commit']}, {m['cpus']} CPUs, alone"] for m in found])
 
 
 @dataclass(frozen=True)
