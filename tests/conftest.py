@@ -37,7 +37,7 @@ os.environ.setdefault("MASKBENCH_CACHE", tempfile.mkdtemp(prefix="maskbench-cach
 # The quick subset (`-m "not slow"`, README): the tests that took at most QUICK_S seconds (setup, call and teardown)
 # in the committed measurement of the whole suite, `--durations=0` as results/suite_durations.txt records it.
 DURATIONS = Path(__file__).resolve().parents[1] / "results" / "suite_durations.txt"
-QUICK_S = 0.5
+QUICK_S = 0.3
 
 
 def recorded_seconds() -> dict[str, float]:
