@@ -127,3 +127,22 @@ def test_every_step_runs_at_toy_size_on_the_cpu(tmp_path: Path) -> None:
     listing = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "gpu_check.tar.gz")], capture_output=True,
                              text=True, check=True).stdout.splitlines()
     assert "gpu_check/logs/steps.tsv" in listing and any(name.startswith("gpu_check/grids/") for name in listing)
+
+
+def test_an_arm_whose_phase_buys_no_step_gets_a_budget_that_does(tmp_path):
+    """arms_check's toy budget: kept for an arm it fits, doubled for maskdit50_authors (unmasked 5% of it) and
+    repa_mask75_then0 (REPA's costlier steps), which the kit's --cpu mode once failed on."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "device"))
+    from arms_check import fitting_budget
+
+    from maskbench.config import load_config
+    from maskbench.train.loop import plan_run
+
+    toy = ["model=tiny", "model.width=32", "model.depth=3", "model.heads=2", "model.text_width=32",
+           "model.text_depth=1", "model.text_len=24", "train.batch_size=8", "eval.points=[1.0]",
+           f"paths.data={tmp_path}", "budget.flops=1e9"]
+    assert fitting_budget(["arm=mask0", *toy]) == ["budget.flops=1e+09"]
+    for arm in ("maskdit50_authors", "repa_mask75_then0"):
+        [budget] = fitting_budget([f"arm={arm}", *toy])
+        assert float(budget.partition("=")[2]) > 1e9
+        plan_run(load_config([f"arm={arm}", *toy, budget]), 1)  # every phase a whole step: no ConfigError

@@ -12,8 +12,8 @@ mask75_then0 against mask0 decide this script's exit status, with every arm's ow
 
 Shipped arms that need more than a name: lsc_convert starts from this check's mask0 run (init_from, so both go to
 one shard, mask0 first); mask75_until_cosine checks its rule every 2 steps instead of 100 (a copy of the arm file
-with `every: 2`), so the probe and the switch it decides run within a few steps; maskdit50_authors gets 4 times
-the budget (its unmasked phase is 5% of it). A phase switch is one recompile (a graph per phase, as designed):
+with `every: 2`), so the probe and the switch it decides run within a few steps; an arm whose shortest phase would
+buy no whole step gets the budget doubled until it does (`fitting_budget`). A phase switch is one recompile (a graph per phase, as designed):
 the counts show any beyond that.
 
 --jobs N runs N shards as N processes (compilation is CPU-bound; the arms of a shard share one process), each
@@ -35,9 +35,7 @@ import yaml
 from instruments import DynamoCounts, use_backend  # this script's folder is on sys.path
 
 PAIRED = ("mask75", "mask75_then0")  # must draw as mask0 does (tests/test_paired_draws.py, here on the device)
-# Arms whose shortest phase is a small share of the budget: their budget is this many times the others', so that
-# phase still takes a step (maskdit50_authors' unmasked 5%).
-BUDGET_SCALE = {"maskdit50_authors": 4}
+MAX_DOUBLINGS = 6  # an arm's budget grows at most 64x over the others' (`fitting_budget`)
 
 
 def rule_arm_file(work: Path) -> Path:
@@ -68,6 +66,29 @@ def shards(arms: list[str], jobs: int) -> list[list[str]]:
     return [shard for shard in out if shard]
 
 
+def fitting_budget(arm_overrides: list[str]) -> list[str]:
+    """The budget override that gives the arm's every phase a whole step: the one given, doubled while the plan
+    refuses it as too small for one step (a short phase, maskdit50_authors' unmasked 5%, or a costlier step,
+    REPA's). Planning only, no data touched; a hand-kept table of arms went stale with every new arm."""
+    from maskbench.config import load_config
+    from maskbench.errors import ConfigError
+    from maskbench.train.loop import plan_run
+
+    budget = next((o for o in reversed(arm_overrides) if o.startswith("budget.flops=")), None)
+    if budget is None:
+        return []
+    flops = float(budget.partition("=")[2])
+    for _ in range(MAX_DOUBLINGS):
+        try:
+            plan_run(load_config([*arm_overrides, f"budget.flops={flops:g}"]), 1)
+            break
+        except ConfigError as err:
+            if "too small for one step" not in str(err):
+                break  # the run itself will say what is wrong
+            flops *= 2
+    return [f"budget.flops={flops:g}"]
+
+
 def first_error_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
 
@@ -79,9 +100,7 @@ def run_arm(arm: str, work: Path, overrides: list[str], counts: DynamoCounts, so
 
     spec = str(rule_arm_file(work)) if arm == "mask75_until_cosine" else arm
     extra = [f"init_from={source}"] if arm == "lsc_convert" and source is not None else []
-    budget = next((o for o in reversed(overrides) if o.startswith("budget.flops=")), None)
-    if arm in BUDGET_SCALE and budget is not None:
-        extra.append(f"budget.flops={float(budget.partition('=')[2]) * BUDGET_SCALE[arm]:g}")
+    extra += fitting_budget([f"arm={spec}", *overrides, *extra])
     root = work / arm
     record: dict = {"arm": arm, "status": "failed"}
     counts.reset()
