@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite's cost, test by test: README's test command with `--durations=0`, RUNS times (default 3); the
 # median run's table written to results/suite_durations.txt under a line saying when, at which commit, on how many
-# CPUs, every run's time and the median; then the quick subset (`-m "not slow"`: tests/conftest.py marks `slow`
-# what took over QUICK_S in that table), timed, on a second line. README's table of both (`maskbench.results.
-# doctables`, "suite-time") reads the two lines.
+# CPUs, every run's time and the median, and each shared fixture's cost in that run; then the quick subset
+# (`-m "not slow"`: tests/suite_costs.py says which tests that table makes `slow`), timed, on a second line.
+# README's table of both (`maskbench.results.doctables`, "suite-time") reads the two lines.
 #
 #   bash benchmarks/suite_durations.sh            # from the repository root, with .venv active, alone on the machine
 #   RUNS=1 bash benchmarks/suite_durations.sh     # one run of each
@@ -20,7 +20,9 @@ timed_runs() {  # N ARGS...: N runs of pytest ARGS, logs $work/run-I.log; prints
   local n=$1
   shift
   for i in $(seq "$n"); do
-    if ! python -m pytest -q -n auto -p no:cacheprovider "$@" > "$work/run-$i.log" 2>&1; then
+    mkdir -p "$work/run-$i.fixtures"
+    if ! MASKBENCH_FIXTURE_SECONDS="$work/run-$i.fixtures" python -m pytest -q -n auto -p no:cacheprovider "$@" \
+        > "$work/run-$i.log" 2>&1; then
       tail -30 "$work/run-$i.log" >&2
       echo "suite_durations: a run failed; $out left as it was" >&2
       exit 1
@@ -40,6 +42,9 @@ table=$(mktemp)
 {
   header "python -m pytest -q -n auto --durations=0" "$(tail -1 "$median" | tr -d '=' | xargs)" "$(every "$median")"
   grep -E '^[0-9]+\.[0-9]+s (setup|call|teardown) ' "$median"
+  # each shared fixture's cost in that run (tests/suite_costs.py): the most any test process spent making it
+  cat "${median%.log}".fixtures/*.tsv | awk -F'\t' '$1 > most[$2] {most[$2] = $1} END {for (k in most)
+    printf "%.2fs fixture  %s\n", most[k], k}' | sort -rn
 } > "$table"
 mv "$table" "$out"
 python -m maskbench.results.doctables --write > /dev/null  # README's table of it: the quick subset checks it

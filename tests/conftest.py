@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +22,13 @@ from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.synth import write_synth
 from maskbench.eval import standins
 from tests.fixtures_real import make_brushdata
+from tests.suite_costs import (  # the two hooks: pytest finds them in this module
+    fixture_key,
+    is_slow,
+    pytest_fixture_setup,  # noqa: F401
+    pytest_sessionfinish,  # noqa: F401
+    recorded_costs,
+)
 
 torch.set_num_threads(1)
 # One BLAS and OpenMP thread in every process the tests start: xdist's workers (`-n auto`, one per core) and the
@@ -34,32 +40,24 @@ for _threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ.setdefault("MASKBENCH_CACHE", tempfile.mkdtemp(prefix="maskbench-cache-"))
 
 
-# The quick subset (`-m "not slow"`, README): the tests that took at most QUICK_S seconds (setup, call and teardown)
-# in the committed measurement of the whole suite, `--durations=0` as results/suite_durations.txt records it.
-DURATIONS = Path(__file__).resolve().parents[1] / "results" / "suite_durations.txt"
-QUICK_S = 0.3
-
-
-def recorded_seconds() -> dict[str, float]:
-    """Each test's seconds in DURATIONS (its setup, call and teardown lines summed); {} without the file."""
-    seconds: dict[str, float] = defaultdict(float)
-    if DURATIONS.is_file():
-        for line in DURATIONS.read_text().splitlines():
-            if found := re.match(r"\s*([\d.]+)s (?:setup|call|teardown) +(\S.*)$", line):
-                seconds[found[2]] += float(found[1])
-    return seconds
+def shared_fixtures(item: pytest.Item) -> list[str]:
+    """The keys (tests.suite_costs.fixture_key) of the fixtures wider than one test that `item` needs, directly or
+    through other fixtures. (`_fixtureinfo` is pytest's record of them; no public attribute names their scope.)"""
+    return [fixture_key(defs[-1].baseid, name) for name, defs in item._fixtureinfo.name2fixturedefs.items()
+            if defs and defs[-1].scope != "function"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that took over QUICK_S seconds when the suite was last measured is `slow`: not in the quick subset.
-    The test files run longest first (their tests in their own order, so a module's fixtures are made once per
-    process): under `-n auto` the longest files start at once instead of last, and no core idles at the end."""
-    seconds = recorded_seconds()
+    """A test is `slow` (not in the quick subset) when it, or a shared fixture it needs, took over QUICK_S seconds
+    when the suite was last measured (tests/suite_costs.py). The test files run longest first (their tests in
+    their own order, so a module's fixtures are made once per process): under `-n auto` the longest files start at
+    once instead of last, and no core idles at the end."""
+    tests, fixtures = recorded_costs()
     for item in items:
-        if seconds.get(item.nodeid, 0.0) > QUICK_S:
+        if is_slow(item.nodeid, shared_fixtures(item), tests, fixtures):
             item.add_marker(pytest.mark.slow)
     per_file: dict[str, float] = defaultdict(float)
-    for nodeid, spent in seconds.items():
+    for nodeid, spent in tests.items():
         per_file[nodeid.split("::")[0]] += spent
     items.sort(key=lambda item: -per_file[item.nodeid.split("::")[0]])  # stable: each file's own order kept
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from maskbench.config import load_config
 from maskbench.runs.launch import train
 from tests.conftest import SMALL_EVAL, tiny_overrides
+from tests.suite_costs import charged_to, fixture_key
 
 PAIRED_BUDGET = 1.25e9  # half the tiny default: mask0 8 steps, mask75 23, mask75_then0 17 + 2 unmasked
 
@@ -28,7 +29,8 @@ class PairedRuns:
 
     def __getitem__(self, arm: str) -> Path:
         if arm not in self.runs:
-            self.runs[arm] = train(load_config(paired_overrides(self.root / arm, self.synth_root, arm)))
+            with charged_to(fixture_key("tests", "paired_runs")):  # its cost, not the asking test's (suite_costs)
+                self.runs[arm] = train(load_config(paired_overrides(self.root / arm, self.synth_root, arm)))
         return self.runs[arm]
 
 
