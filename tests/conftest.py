@@ -21,14 +21,9 @@ from maskbench.data.pack import PackOptions, pack
 from maskbench.data.sources.brushdata import plan_brushdata
 from maskbench.data.synth import write_synth
 from maskbench.eval import standins
+from tests import suite_costs
 from tests.fixtures_real import make_brushdata
-from tests.suite_costs import (  # the two hooks: pytest finds them in this module
-    fixture_key,
-    is_slow,
-    pytest_fixture_setup,  # noqa: F401
-    pytest_sessionfinish,  # noqa: F401
-    recorded_costs,
-)
+from tests.suite_costs import fixture_key, is_slow, recorded_costs
 
 torch.set_num_threads(1)
 # One BLAS and OpenMP thread in every process the tests start: xdist's workers (`-n auto`, one per core) and the
@@ -40,6 +35,11 @@ for _threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ.setdefault("MASKBENCH_CACHE", tempfile.mkdtemp(prefix="maskbench-cache-"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """What each shared fixture costs, recorded by tests/suite_costs.py's hooks, for the session's fixtures too."""
+    config.pluginmanager.register(suite_costs, "suite_costs")
+
+
 def shared_fixtures(item: pytest.Item) -> list[str]:
     """The keys (tests.suite_costs.fixture_key) of the fixtures wider than one test that `item` needs, directly or
     through other fixtures. (`_fixtureinfo` is pytest's record of them; no public attribute names their scope.)"""
@@ -48,10 +48,10 @@ def shared_fixtures(item: pytest.Item) -> list[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test is `slow` (not in the quick subset) when it, or a shared fixture it needs, took over QUICK_S seconds
-    when the suite was last measured (tests/suite_costs.py). The test files run longest first (their tests in
-    their own order, so a module's fixtures are made once per process): under `-n auto` the longest files start at
-    once instead of last, and no core idles at the end."""
+    """A test is `slow` (not in the quick subset) when it took over QUICK_S seconds, or a shared fixture it needs
+    over QUICK_FIXTURE_S, when the suite was last measured (tests/suite_costs.py). The test files run longest
+    first (their tests in their own order, so a module's fixtures are made once per process): under `-n auto` the
+    longest files start at once instead of last, and no core idles at the end."""
     tests, fixtures = recorded_costs()
     for item in items:
         if is_slow(item.nodeid, shared_fixtures(item), tests, fixtures):
