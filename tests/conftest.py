@@ -68,14 +68,19 @@ def synth_root(tmp_path_factory) -> Path:
     return write_synth(tmp_path_factory.mktemp("data") / "synth", n_train=512, n_val=64, seed=0, shard_size=128)
 
 
+# Any preset at toy size: a very small DiT of its layout (2 blocks of width 32, a 1-block text tower) ...
+TINY_MODEL = ("model.width=32", "model.depth=2", "model.heads=2", "model.text_width=32", "model.text_depth=1",
+              "model.text_len=24")
+# ... trained in batches of 8 for ~8 unmasked steps.
+TINY_TRAIN = ("train.batch_size=8", "train.warmup_steps=2", "budget.flops=2.5e9")
+
+
 def tiny_overrides(tmp_path: Path, synth_root: Path, *extra: str) -> list[str]:
     """A run of a few seconds: a very small early-drop DiT (tiny's layout, no mixer), batch 8, ~8 unmasked
     steps, 2 eval points."""
     return [
         "model=tiny", f"paths.runs={tmp_path / 'runs'}", f"paths.data={tmp_path / 'data'}",
-        f"paths.leaderboard={tmp_path / 'leaderboard.csv'}", f"data.path={synth_root}",
-        "model.width=32", "model.depth=2", "model.heads=2", "model.text_width=32", "model.text_depth=1",
-        "model.text_len=24", "train.batch_size=8", "train.warmup_steps=2", "budget.flops=2.5e9",
+        f"paths.leaderboard={tmp_path / 'leaderboard.csv'}", f"data.path={synth_root}", *TINY_MODEL, *TINY_TRAIN,
         "eval.points=[0.5,1.0]", "eval.n_samples=8", "eval.val_samples=16", "eval.sampler_steps=2",
         "eval.batch_size=16", "eval.grid_size=4", "data.shuffle_buffer=64", *extra,
     ]

@@ -5,11 +5,14 @@ taking their first value) or an inline code span, its placeholders mapped onto a
 real formats (`world`: latent shards with their manifest and reference statistics, stand-in weights at
 the documented /models paths, the repository's leaderboard CSVs, a run directory), and run in-process
 through `maskbench.cli.main`, each as `how_run` says (`python -m tests.test_documented_commands` prints the
-table: each command, how it runs and why): `run` and `sweep` with `--dry-run` (every check a run makes, no
-training); `arms`, `leaderboard`, `sweep --emit/--status/--list-studies`, `data verify` for real; `eval`,
-`eval reference`, `sample`, `data synth`, `data pack` and `data encode` through their handlers up to the work
-itself; `repro` and `probe` for real on a trained toy run, `bench` for real; an inline mention that names a
-command's options without a whole command, its options checked. An unknown option, key, arm or preset fails.
+table: each command, how it runs and why). The first command of each kind (`toy_kind`: a run per data source,
+starting run and arm file; a sweep; `data pack` per source; `data encode`, `data synth`, `eval`, `eval reference`,
+`sample`) is executed at toy size (`at_toy_size`: a tiny model of its preset, a few steps, stand-in weights, fresh
+output folders) and must write what it promises; the others of its kind, `run` and `sweep` with `--dry-run` (every
+check a run makes, no training), the rest through their handlers up to the work itself. `arms`, `leaderboard`,
+`sweep --emit/--status/--list-studies`, `data verify` run for real; `repro` and `probe` for real on a trained toy
+run, `bench` for real; an inline mention that names a command's options without a whole command, its options
+checked. An unknown option, key, arm or preset fails.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from maskbench.config import EvalConfig, load_config, to_dict
 from maskbench.data.shards import build_manifest, encode_npy, shard_entry
 from maskbench.eval import standins
 from maskbench.eval.fid import STANDIN_FEATURES_NAME, FeatureStats, save_stats
+from tests.conftest import FAST, TINY_MODEL, TINY_TRAIN
 from tests.fixtures_real import make_brushdata, make_journeydb, make_sa1b, write_tar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +136,7 @@ def write_latent_split(out: Path, vae: Path, n: int, source: str = "sa1b") -> No
                     (f"{i:06d}.txt", f"scene {i}".encode()), (f"{i:06d}.json", b'{"text_tokens": 4}')]
     shard = write_tar(out / "latent-000000.tar", members)
     latent = {"size": 32, "channels": 4, "text_dim": 16, "text_len": 8, "dtype": "float16", "vae": str(vae),
-              "scaling_factor": 0.5, "shift_factor": 0.0, "resolution": 256}
+              "scaling_factor": 0.5, "shift_factor": 0.0, "resolution": 64}  # the stand-in VAE: 2x
     header = {"source": source, "packer_version": 1, "filters": {}, "latent": latent}
     (out / "manifest.json").write_text(json.dumps(build_manifest(header, [shard_entry(shard, n)], {})))
 
@@ -145,9 +149,9 @@ def write_latent_root(root: Path, vae: Path, source: str = "sa1b") -> None:
     rng = np.random.default_rng(0)
     features = rng.normal(size=(8, 2048))
     save_stats(root / "val" / "inception_stats.npz",
-               FeatureStats(features.mean(0), np.eye(2048), 8, STANDIN_FEATURES_NAME, "fixture", 256))
+               FeatureStats(features.mean(0), np.eye(2048), 8, STANDIN_FEATURES_NAME, "fixture", 64))
     save_stats(root / "val" / "dinov2_stats.npz",
-               FeatureStats(features.mean(0), np.eye(2048), 8, EvalConfig.dinov2_model, "fixture", 256))
+               FeatureStats(features.mean(0), np.eye(2048), 8, EvalConfig.dinov2_model, "fixture", 64))
 
 
 def copy_results(results: Path) -> None:
@@ -207,7 +211,7 @@ def write_card_inputs(data: Path, vae: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, paired_runs) -> Path:
+def world(tmp_path_factory, paired_runs, synth_root) -> Path:
     """What the documented commands read, at the paths they name (absolute ones rooted here)."""
     world = tmp_path_factory.mktemp("world")
     models = world / "models"
@@ -243,7 +247,23 @@ def world(tmp_path_factory, paired_runs) -> Path:
     write_card_inputs(world / "data", vae)
     (world / "my_arm.yaml").write_text("phases: [{mask_ratio: 0.5, fraction: 1.0}]\n")
     copy_results(world / "results")
+    write_toy_inputs(world / "toy", paired_runs, synth_root)
     return world
+
+
+def write_toy_inputs(toy: Path, paired_runs, synth_root: Path) -> None:
+    """What the commands executed at toy size read besides the world: a stand-in CLIP, canonical shards of real
+    images (BrushData's fixture packed), the session's synth scenes, a trained run to evaluate and sample from
+    (a copy: repro's run stays as trained) and a toy-size source run for `init_from`."""
+    from maskbench.data.pack import PackOptions, pack
+    from maskbench.data.sources.brushdata import plan_brushdata
+
+    standins.write_clip(toy / "standin-clip")
+    make_brushdata(toy / "raw", shards=1, per_shard=4)
+    pack(toy / "canon", "brushdata", plan_brushdata([toy / "raw"]), PackOptions(), progress=False)
+    (toy / "synth").symlink_to(synth_root)
+    shutil.copytree(paired_runs["mask0"], toy / "evaluated-run")
+    write_source_run(toy / "source-tiny_deep", load_config(["arm=mask0", "model=tiny_deep", *TINY_MODEL]))
 
 
 WORDS = {"CSV": "results/leaderboard.csv", "ARM": "mask75", "EPS": "0.05"}  # placeholders standing alone
@@ -280,6 +300,20 @@ def is_whole(argv: list[str]) -> bool:
 def how_run(documented: Documented) -> str:
     """How the test runs a documented command, and why not further."""
     argv = list(documented.argv)
+    kind = toy_kind(documented)
+    if kind is not None and EXECUTED[kind] == documented:
+        return f"executed at toy size: {TOY_SIZE[kind[0] if kind[0] in TOY_SIZE else kind[:2]]}"
+    if kind is not None:
+        return f"{how_run_here(documented)}; its code path runs at toy size as {EXECUTED[kind].where}"
+    if "eval.dinov2_weights" in " ".join(argv) and argv[0] in ("run", "eval"):
+        return f"{how_run_here(documented)}; FD-DINOv2 needs ViT-L/14's weights (its path with a small network: " \
+               "test_metrics.py)"
+    return how_run_here(documented)
+
+
+def how_run_here(documented: Documented) -> str:
+    """How a command that is not executed at toy size runs, and why not further."""
+    argv = list(documented.argv)
     if documented.inline and not is_whole(argv):
         return "options checked: an inline mention of the command, its options named without a whole command"
     if runs_training(argv):
@@ -307,6 +341,92 @@ def unrendered(monkeypatch: pytest.MonkeyPatch) -> None:
         target.write(b"") if hasattr(target, "write") else Path(target).write_bytes(b"")
 
     monkeypatch.setattr(Figure, "savefig", empty_png)
+
+
+# ------------------------------------------------------------------------------ executed at toy size
+# What differs in a toy execution from the documented command, by command.
+TOY_SIZE = {
+    "run": "its own arm, data source and start, with a 2-block width-32 model of its preset, ~8-12 steps of 8 "
+           "samples, one eval point on 2 samples (stand-in Inception and CLIP for latent data; synth: the session's scenes)",
+    "sweep": "its grid, each cell a toy run (as `run`)",
+    ("data", "pack"): "its raw inputs (the fixture's, in the source's real format) packed into a fresh folder, one "
+                      "worker, no minimum side",
+    ("data", "encode"): "4 real images packed from BrushData's fixture, encoded at 32 px with the stand-in VAE and "
+                        "CLIP text tower into a fresh folder",
+    ("data", "synth"): "64 training and 16 held-out scenes into a fresh folder",
+    ("eval", "reference"): "the statistics of 4 real packed images with the stand-in Inception, into a fresh file",
+    ("eval", "run"): "a trained toy run's point evaluated on 8 samples, its row in a fresh CSV",
+    ("sample",): "drawn from a trained toy run's EMA weights",
+}
+TOY_EVAL = (*FAST, "eval.points=[1.0]", "eval.sampler_steps=2", "eval.batch_size=16", "data.shuffle_buffer=64")
+
+
+def toy_kind(documented: Documented) -> tuple[str, ...] | None:
+    """What a documented command's toy execution differs in: its command, and for a run its data source, a
+    starting run and an arm file. The first command of each kind (README, then docs/, then datasets/) is executed,
+    the others dry-run or run up to the work; None: not executed here (an inline mention, FD-DINOv2's weights)."""
+    argv = list(documented.argv)
+    if documented.inline or "eval.dinov2_weights" in " ".join(argv):
+        return None
+    keys = dict(token.split("=", 1) for token in argv if "=" in token and not token.startswith("-"))
+    if argv[0] == "run":
+        data = "mix" if keys.get("data") == "mix" else "latent" if "data.path" in keys else "synth"
+        arm = keys.get("arm", "")
+        return "run", data, str("init_from" in keys), str(arm.endswith(".yaml") or arm == "FILE")
+    if runs_training(argv):
+        return ("sweep",)
+    if tuple(argv[:2]) == ("data", "pack"):
+        return "data", "pack", argv[2]
+    if tuple(argv[:2]) in {("data", "encode"), ("data", "synth"), ("eval", "reference")}:
+        return tuple(argv[:2])
+    return ("eval", "run") if argv[0] == "eval" else ("sample",) if argv[0] == "sample" else None
+
+
+def at_toy_size(documented: Documented, argv: list[str], world: Path) -> tuple[list[str], Path]:
+    """The documented command (its placeholders placed) at toy size, and what it must have written."""
+    kind, toy = toy_kind(documented), world / "toy"
+    out = toy / "out" / re.sub(r"\W", "_", documented.where)
+    argv = [with_standin_clip(token, toy) for token in argv]
+    if kind[0] in ("run", "sweep"):
+        argv = [token.replace(str(world / "runs" / "source-tiny_deep"), str(toy / "source-tiny_deep"))
+                for token in argv]
+        synth = [f"data.path={toy / 'synth'}"] if kind[1:2] in (("synth",), ()) and not any(
+            token.startswith("data") for token in argv[1:]) else []
+        latent = ["budget.flops=1e10"] if kind[1:2] in (("latent",), ("mix",)) else []  # 256 tokens: ~12 steps
+        return [*argv, *TINY_MODEL, *TINY_TRAIN, *latent, *TOY_EVAL, *synth, f"paths.runs={out / 'runs'}",
+                f"paths.leaderboard={out / 'leaderboard.csv'}"], out / "leaderboard.csv"
+    if kind[:2] == ("data", "pack"):
+        argv = replaced(argv, "--min-side", "0") if "--min-side" in argv else argv  # the fixture's images are small
+        return [*replaced(argv, "--out", str(out)), "--workers", "1"], out / "manifest.json"
+    if kind == ("data", "encode"):
+        return ["data", "encode", str(toy / "canon"), str(out), *argv[4:], "--resolution", "32",
+                "--batch-size", "2"], out / "manifest.json"
+    if kind == ("data", "synth"):
+        return [*argv, "data.n_train=64", "data.n_val=16", f"paths.data={out}"], out
+    if kind == ("eval", "reference"):
+        return ["eval", "reference", str(toy / "canon"), *argv[3:], "--out", str(out / "stats.npz")], \
+            out / "stats.npz"
+    run = str(toy / "evaluated-run")
+    argv = [run if token == str(world / "runs" / "fixture-run") else token for token in argv]
+    if kind == ("eval", "run"):
+        return [*argv, "eval.n_samples=8", "eval.bootstrap_resamples=0", f"paths.leaderboard={out / 'rows.csv'}"], \
+            out / "rows.csv"
+    return replaced(argv, "--out", str(out / "grid.png")), out / "grid.png"
+
+
+def with_standin_clip(token: str, toy: Path) -> str:
+    """ViT-H-14 (as `--text-model` or `eval.clip_model=`) becomes the stand-in CLIP (whose folder carries its own
+    weights: a weights file named beside it is ignored, with open_clip's warning)."""
+    name = f"local-dir:{(toy / 'standin-clip').resolve()}"
+    return name if token == "ViT-H-14" else token.replace("=ViT-H-14", f"={name}")
+
+
+def replaced(argv: list[str], option: str, value: str) -> list[str]:
+    """argv with `option`'s value replaced (appended if it has none)."""
+    if option not in argv:
+        return [*argv, option, value]
+    i = argv.index(option)
+    return [*argv[:i + 1], value, *argv[i + 2:]]
 
 
 class WorkReached(Exception):
@@ -364,6 +484,10 @@ def reach_the_work(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 COMMANDS = documented_commands()
+EXECUTED: dict[tuple[str, ...], Documented] = {}  # kind -> the first command of that kind, executed at toy size
+for _documented in COMMANDS:
+    if (_kind := toy_kind(_documented)) is not None:
+        EXECUTED.setdefault(_kind, _documented)
 # (argv as run, inline) -> (exit code, stderr): a command the docs show in several places runs once per world
 RESULTS: dict[tuple[tuple[str, ...], bool], tuple[int, str]] = {}
 
@@ -382,6 +506,13 @@ def test_a_documented_command_runs(documented: Documented, world: Path, monkeypa
     monkeypatch.setenv("MASKBENCH_CACHE", str(world / "cache"))
     run = "trained-run" if documented.argv[0] in ON_THE_TRAINED_RUN else "fixture-run"
     argv = [placed(token, world, run) for token in documented.argv]
+    if (kind := toy_kind(documented)) is not None and EXECUTED[kind] == documented:
+        argv, written = at_toy_size(documented, argv, world)
+        assert cli.main(argv) == 0, f"{documented}: {capsys.readouterr().err.strip()}"
+        assert written.exists() and (written.is_dir() or written.stat().st_size > 0), f"{documented}: no {written}"
+        if written.name == "manifest.json":  # shards packed or encoded, not an empty folder's manifest
+            assert json.loads(written.read_text())["total"] > 0
+        return
     key = (tuple(argv), documented.inline)
     if key not in RESULTS:
         try:
