@@ -72,3 +72,43 @@ def test_an_unknown_or_unclosed_or_missing_table_is_reported(tmp_path, monkeypat
     (root / "docs" / "page.md").write_text("<!-- table: arm-step-time -->\n| a |\n")
     assert main(["--root", str(root)]) == 2
     assert "table 'arm-step-time' has no <!-- /table --> line" in capsys.readouterr().err
+
+
+def fair_root(tmp_path: Path, rows: list[dict]) -> Path:
+    """A repository root holding a fair study of 2 arms x 3 seeds at 1/32 ... 1 of B: its grid, the committed
+    fair plan and `rows` as its CSV."""
+    from maskbench.results.leaderboard import append_rows
+
+    (tmp_path / "maskbench" / "conf" / "study").mkdir(parents=True)
+    (tmp_path / "maskbench" / "conf" / "study" / "fair.yaml").write_text(
+        "grid:\n  - arm=mask0,mask75\n  - seed=0,1,2\n  - eval.points=[0.03125,0.0625,0.125,0.25,0.5,1.0]\n")
+    (tmp_path / "results" / "fair").mkdir(parents=True)
+    (tmp_path / "results" / "fair" / "PLAN.md").write_bytes((ROOT / "results" / "fair" / "PLAN.md").read_bytes())
+    append_rows(tmp_path / "results" / "fair" / "leaderboard.csv", rows)
+    return tmp_path
+
+
+def test_the_fair_answer_is_read_only_when_every_cell_is_in_and_then_by_the_plans_rule(tmp_path):
+    """Until the last cell's last horizon lands, both answer tables say how many cells are in and nothing else;
+    then the headline gives each arm's verdict by the committed plan's rule (FD and validation loss, M(B), the
+    held-out check) and the full table adds every horizon and the compute curves."""
+    import numpy as np
+
+    from tests.test_scaling import TRUTH, curve_rows
+
+    rng = np.random.default_rng(0)
+    after_the_plan = "2026-12-04T00:00:00+00:00"
+    rows = [row for seed in range(3) for arm, (a, e) in TRUTH.items()
+            for row in curve_rows(arm, seed, a, e, 0.01, rng, created_at=after_the_plan)]
+    partial = fair_root(tmp_path / "partial", rows[:-1])
+    for render in (doctables.fair_headline, doctables.fair_answer):
+        assert render(partial) == ("Not read yet: 5 of 6 cells are in, and results/fair/PLAN.md reads nothing "
+                                   "before every cell is.")
+    complete = fair_root(tmp_path / "complete", rows)
+    headline = doctables.fair_headline(complete)
+    assert headline.startswith("By the plan's rule (") and "mask75" in headline and "Not read yet" not in headline
+    assert "| M(B) (95% CI) |" in headline and "| held out |" in headline
+    answer = doctables.fair_answer(complete)
+    assert "| arm | A (95% CI) | α (95% CI) |" in answer and "crossover C*" in answer
+    assert answer.startswith("plan results/fair/PLAN.md (fair): ")  # the same text in any checkout
+    assert "| M(B) (95% CI) |" in answer and answer.count("mask75") > headline.count("mask75")

@@ -41,8 +41,9 @@ from maskbench.metrics import get_metric
 from maskbench.results.estimators import Difference, ratio_verdict
 from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import Family
-from maskbench.results.report import analyse_rows, applied_plan
+from maskbench.results.report import NO_PLAN, Analysis, analyse_rows, applied_plan
 from maskbench.results.summary import Summary, gap_in_ses
+from maskbench.results.tables import headline, render, render_scaling, render_verdicts
 from maskbench.results.targets import Target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -519,19 +520,84 @@ def _grid_axis(root: Path, study: str, key: str) -> list[str]:
     return next(line.partition("=")[2].split(",") for line in grid if line.partition("=")[0] == key)
 
 
+@dataclass(frozen=True)
+class Cells:
+    """A shipped study's grid of cells (arm x seed, conf/study/STUDY.yaml) and how many horizons of each have a
+    row in its CSV."""
+    arms: list[str]
+    seeds: list[str]
+    horizons: int
+    done: dict[tuple[str, str], int]
+
+    @property
+    def finished(self) -> int:
+        return sum(self.done.get((arm, seed), 0) == self.horizons for arm in self.arms for seed in self.seeds)
+
+    @property
+    def total(self) -> int:
+        return len(self.arms) * len(self.seeds)
+
+
+def _cells(root: Path, study: str, csv_path: str) -> Cells:
+    arms, seeds, points = (_grid_axis(root, study, key) for key in ("arm", "seed", "eval.points"))
+    done: dict[tuple[str, str], int] = defaultdict(int)
+    for row in _rows(root, csv_path):
+        done[row["arm"], str(row["seed"])] += 1
+    return Cells(arms, seeds, len(points), dict(done))  # eval.points=[a,b,...] splits on its commas as well
+
+
 def fair_progress(root: Path) -> str:
     """The fair study's cells (arm x seed, conf/study/fair.yaml): how many of each one's horizons have a row.
     Rows land while the study runs: commit them with this table rewritten (`--write`)."""
-    arms, seeds, points = (_grid_axis(root, "fair", key) for key in ("arm", "seed", "eval.points"))
-    horizons = len(points)  # eval.points=[a,b,...] splits on its commas as well
-    done = defaultdict(int)
-    for row in _rows(root, FAIR):
-        done[row["arm"], str(row["seed"])] += 1
-    cells = [[f"`{arm}`", *(f"{done[arm, seed]}/{horizons}" if done[arm, seed] else "–" for seed in seeds)]
-             for arm in arms]
-    finished = sum(done[arm, seed] == horizons for arm in arms for seed in seeds)
-    return _table(("arm", *(f"seed {seed}" for seed in seeds)), cells) + \
-        f"\n\n{finished} of {len(arms) * len(seeds)} cells finished."
+    cells = _cells(root, "fair", FAIR)
+    lines = [[f"`{arm}`", *(f"{cells.done[arm, seed]}/{cells.horizons}" if (arm, seed) in cells.done else "–"
+                            for seed in cells.seeds)] for arm in cells.arms]
+    return _table(("arm", *(f"seed {seed}" for seed in cells.seeds)), lines) + \
+        f"\n\n{cells.finished} of {cells.total} cells finished."
+
+
+def _fair_analysis(root: Path) -> tuple[str, Analysis, Family] | None:
+    """The fair study read as `maskbench leaderboard results/fair/leaderboard.csv` reads it under its plan (its
+    plan line, the corrected analysis with the compute curves, the family); None until every cell is in, since
+    the plan reads nothing before."""
+    cells = _cells(root, "fair", FAIR)
+    if cells.finished < cells.total:
+        return None
+    rows = list(_rows(root, FAIR))
+    found, baseline, family = applied_plan(rows, [str(root / FAIR)], None, None)
+    analysis = analyse_rows(rows, found, baseline, family)
+    plan_line = found.describe(rows, analysis.tests).replace(f"{root}/", "") if found else NO_PLAN  # any checkout
+    return plan_line, analysis, family
+
+
+def _not_read_yet(root: Path) -> str:
+    cells = _cells(root, "fair", FAIR)
+    return (f"Not read yet: {cells.finished} of {cells.total} cells are in, and results/fair/PLAN.md reads "
+            "nothing before every cell is.")
+
+
+def fair_headline(root: Path) -> str:
+    """The fair study's answer in one sentence and one table: each masked arm's verdict at B by the plan's rule
+    (the difference at B and the compute multiplier M(B), FD and validation loss side by side, the held-out
+    check), as `maskbench leaderboard results/fair/leaderboard.csv` prints it."""
+    read = _fair_analysis(root)
+    if read is None:
+        return _not_read_yet(root)
+    _, analysis, family = read
+    return f"{headline(analysis.verdicts)}\n\n{render_verdicts(analysis.verdicts, 'markdown', family)}"
+
+
+def fair_answer(root: Path) -> str:
+    """The fair study in full, as `maskbench leaderboard results/fair/leaderboard.csv --format markdown` prints it:
+    the plan applied, each arm against mask0 at every horizon with its sampling errors, the compute curves with
+    M(C), the crossover C* and the held-out prediction against the measured value, and the verdicts."""
+    read = _fair_analysis(root)
+    if read is None:
+        return _not_read_yet(root)
+    plan_line, analysis, family = read
+    return "\n\n".join([plan_line, render(analysis.summary, "markdown", family),
+                         render_scaling(analysis.fits, "markdown", 1 - family.alpha),
+                         render_verdicts(analysis.verdicts, "markdown", family)])
 
 
 SUITE_LINE = re.compile(r"^# (?P<command>.+?)(?: --durations=0)? at (?P<commit>\w+), (?P<date>[\d-]+)T[\d:]+Z, "
@@ -579,6 +645,8 @@ TABLES: dict[str, DocTable] = {
     "conversion": DocTable((PRE_CRN,), conversion),
     "downscale-routes": DocTable((PRE_CRN,), downscale_routes),
     "fair-progress": DocTable((FAIR,), fair_progress),
+    "fair-headline": DocTable((FAIR,), fair_headline),
+    "fair-answer": DocTable((FAIR,), fair_answer),
     "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
     "config-keys": DocTable((), config_key_table),  # from the schema (maskbench/config/keys.py), no CSV
 }
