@@ -81,3 +81,27 @@ def test_remeasure_replaces_a_cached_peak_and_records_the_load(tmp_path, monkeyp
     assert cached_gemm_peak(torch.device("cpu"), "fp32", remeasure=True) == 9e9       # measured again
     [entry] = json.loads((tmp_path / "gemm_peak.json").read_text()).values()
     assert entry["rounds"] == [7e9, 8e9, 9e9] and entry["load_avg_1min"] >= 0
+
+
+def test_a_cpu_is_named_by_its_model_so_rows_of_two_cpu_models_do_not_pair(tmp_path, monkeypatch):
+    """/proc/cpuinfo's model name (the same code and seed round differently on another CPU model), else what
+    `platform` knows; the peak cache keys on it too."""
+    import builtins
+    import platform
+
+    from maskbench.results.summary import condition_mismatch
+    from maskbench.train.checkpoint import device_name
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path,
+                                                                           *a, **k))
+    cpu = torch.device("cpu")
+    assert device_name(cpu) == "cpu:AMD EPYC 9654 96-Core Processor"
+    assert mfu_module._machine_key(cpu, "fp32").startswith("cpu:AMD EPYC 9654 96-Core Processor|fp32|")
+    row = {"device": device_name(cpu), "precision": "fp32", "draw_scheme": "crn-v3", "params": 1}
+    assert condition_mismatch(row, dict(row, device="cpu:Intel(R) Xeon(R) Platinum 8480+")) != []
+    cpuinfo.unlink()  # unreadable: platform's name
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    assert device_name(cpu) == "cpu:x86_64"

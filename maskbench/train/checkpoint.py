@@ -92,9 +92,11 @@ def git_sha() -> str:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu:{platform.processor() or platform.machine()}"
+    """The device rows and env.json record, and pairing and `repro` compare: the GPU's name, or "cpu:" and the
+    CPU's model (the same code and seed gave results 1e-5 apart on another machine's CPU)."""
+    from maskbench.train.mfu import device_model
+
+    return device_model(device) if device.type == "cuda" else f"cpu:{device_model(device)}"
 
 
 def precision_name(mixed_precision: str) -> str:

@@ -11,6 +11,7 @@ MFU mean "fraction of what this machine's BLAS reaches on large matmuls".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -102,10 +103,21 @@ def peak_cache_path() -> Path:
     return Path(os.environ.get("MASKBENCH_CACHE", Path.home() / ".cache" / "maskbench")) / "gemm_peak.json"
 
 
+def device_model(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name (/proc/cpuinfo's on Linux, else `platform`'s x86_64 or arm64):
+    another CPU model has another peak, and may round differently (results/fair/PLAN.md, sitting 7)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
 def _machine_key(device: torch.device, precision: str) -> str:
     """What a measured peak depends on: the device model, the precision, the thread count, torch."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return f"{device.type}:{name}|{precision}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    return f"{device.type}:{device_model(device)}|{precision}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
 def cached_gemm_peak(device: torch.device, precision: str, remeasure: bool = False) -> float:
