@@ -90,33 +90,39 @@ def one_process(tmp_path_factory, synth_root) -> Path:
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory, synth_root, one_process) -> dict:
-    """One torchrun launch of the 2-process runs below (each in its own folder): the first 3 steps of the run
-    that is then resumed, MaskDiT across its switch, the conversion's two stages, and a rank whose clock runs
-    ahead. The conversion's 1-process reference is trained here first, in this process; its source is the
-    1-process reference run above (a trained DiT of the same model)."""
+    """One torchrun launch of the 2-process runs below (each in its own folder): the first 3 steps of a run and
+    then the same run resumed (its exit codes and output in `resumed`), MaskDiT across its switch, the
+    conversion's two stages, a rank whose clock runs ahead, and a run left unfinished after its first step. The
+    conversion's 1-process reference is trained here first, in this process; its source is the 1-process
+    reference run above (a trained DiT of the same model)."""
     tmp = tmp_path_factory.mktemp("two")
     (tmp / "convert.yaml").write_text(CONVERT)
     convert = (f"arm={tmp / 'convert.yaml'}", f"init_from={one_process}", "budget.flops=1.5e9", "eval.points=[1.0]",
                "data.shuffle_buffer=32")
     one_convert = train(load_config(tiny_overrides(tmp / "one", synth_root, *convert, "train.grad_accum=2")))
     done = _launch(tmp, _run(tmp / "resume", synth_root, "train.stop_at_step=3"),
+                   dict(_run(tmp / "resume", synth_root), out=str(tmp / "resumed")),
                    _run(tmp / "maskdit", synth_root, "arm=maskdit50", "budget.flops=2e9", "eval.points=[1.0]",
                         "data.shuffle_buffer=32", base=()),
                    _run(tmp / "convert", synth_root, *convert, base=()),
-                   _run(tmp / "skewed", synth_root, "eval.points=[1.0]", "budget.flops=1e9", skewed_clock=True))
+                   _run(tmp / "skewed", synth_root, "eval.points=[1.0]", "budget.flops=1e9", skewed_clock=True),
+                   _run(tmp / "unfinished", synth_root, "train.stop_at_step=1"))
     return {"tmp": tmp, "done": done, "one_convert": one_convert}
 
 
 def test_two_processes_with_resume_match_one_process(synth_root, one_process, two_processes, capsys):
     tmp = two_processes["tmp"] / "resume"
-    _finished(tmp, two_processes["done"])
+    for command in ("resume", "resumed", "unfinished"):
+        _finished(two_processes["tmp"] / command, two_processes["done"])
     [run_dir] = (tmp / "runs").iterdir()
-    assert len(_metrics(run_dir)) == 3 and not (run_dir / "done.json").exists()
-    # one process cannot resume it: each rank replays its own data streams
-    assert main(["run", *tiny_overrides(tmp, synth_root, *ARM)]) == 2
+    # the first command stopped after step 3; the second resumed there, on both ranks
+    assert f"resuming {run_dir.name} at step 3\n" in (two_processes["tmp"] / "resumed" / "rank-0.out").read_text()
+    # one process cannot resume a 2-process run: each rank replays its own data streams
+    unfinished = two_processes["tmp"] / "unfinished"
+    [stopped] = (unfinished / "runs").iterdir()
+    assert len(_metrics(stopped)) == 1 and not (stopped / "done.json").exists()
+    assert main(["run", *tiny_overrides(unfinished, synth_root, *ARM)]) == 2
     assert "was trained on 2 processes" in capsys.readouterr().err
-    done = _launch(tmp, _run(tmp, synth_root))  # resumes on both ranks from step 3
-    _finished(tmp, done)
     two, one = _metrics(run_dir), _metrics(one_process)
     assert (run_dir / "done.json").exists() and len(two) == len(one) > 10
     assert [m["data_digest"] for m in two] == [m["data_digest"] for m in one]
