@@ -5,8 +5,12 @@ A step's data and randomness are a function of its data stream (process × micro
 noise; the only difference left is where the two halves of the gradient are summed (a gloo
 all-reduce or autograd accumulation), so their loss traces must agree to float rounding (LOSS_RTOL).
 
-The 2-process runs share torchrun launches (tests/launch_commands.py runs several `maskbench` commands in one,
-each starting its own process group): a launch costs seconds of imports per process before any work.
+The 2-process runs share one torchrun launch (tests/launch_commands.py runs several `maskbench` commands in one,
+each starting its own process group): a launch costs seconds of imports per process before any work. `maskbench
+sweep` and `maskbench repro` run in it too: a sweep trains its cells one after another in one launch, so the
+process group must outlive each cell (destroyed after the first, the second cell stopped at "Default process
+group has not been initialized"); repro retrains a run in a temporary folder that every process must share (a
+folder per process left rank 1 looking for the run files only rank 0 writes: FileNotFoundError).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import pytest
 import torch
 
 from maskbench.cli import main
-from maskbench.config import demote_routes, load_config
+from maskbench.config import demote_routes, load_config, run_id
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.loader import make_loader
 from maskbench.eval.evaluate import load_samples
@@ -65,8 +69,10 @@ def _launch(tmp: Path, *commands: dict) -> subprocess.CompletedProcess:
             (Path(out) / f"rank-{rank}.rc").unlink(missing_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(LAUNCH), str(plan)]
+    scratch = tmp / "tmpdir"  # the launch's temporary folders (repro's shared one is made here)
+    scratch.mkdir(exist_ok=True)
     return subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)})
 
 
 def _run(out: Path, synth_root: Path, *extra: str, base: tuple[str, ...] = ARM, skewed_clock: bool = False) -> dict:
@@ -92,22 +98,29 @@ def one_process(tmp_path_factory, synth_root) -> Path:
 def two_processes(tmp_path_factory, synth_root, one_process) -> dict:
     """One torchrun launch of the 2-process runs below (each in its own folder): the first 3 steps of a run and
     then the same run resumed (its exit codes and output in `resumed`), MaskDiT across its switch, the
-    conversion's two stages, a rank whose clock runs ahead, and a run left unfinished after its first step. The
-    conversion's 1-process reference is trained here first, in this process; its source is the 1-process
-    reference run above (a trained DiT of the same model)."""
+    conversion's two stages, a rank whose clock runs ahead, a run left unfinished after its first step, a sweep
+    of two cells (mask0, mask75, a few steps each, eval points 0.5 and 1) and `maskbench repro` of its mask75 run.
+    The conversion's 1-process reference is trained here first, in this process; its source is the 1-process
+    reference run above (a trained DiT of the same model). mask0's point 0.5 in the sweep is a cooled branch
+    forked at that very step: a rerun stopped there (train.stop_at_step) ends before the fork, on one process as
+    on two (a trainer matter)."""
     tmp = tmp_path_factory.mktemp("two")
     (tmp / "convert.yaml").write_text(CONVERT)
     convert = (f"arm={tmp / 'convert.yaml'}", f"init_from={one_process}", "budget.flops=1.5e9", "eval.points=[1.0]",
                "data.shuffle_buffer=32")
     one_convert = train(load_config(tiny_overrides(tmp / "one", synth_root, *convert, "train.grad_accum=2")))
+    swept = tiny_overrides(tmp / "swept", synth_root, "budget.flops=1e9", "data.shuffle_buffer=32")
+    mask75 = tmp / "swept" / "runs" / run_id(load_config([*swept, "arm=mask75"]))
     done = _launch(tmp, _run(tmp / "resume", synth_root, "train.stop_at_step=3"),
                    dict(_run(tmp / "resume", synth_root), out=str(tmp / "resumed")),
                    _run(tmp / "maskdit", synth_root, "arm=maskdit50", "budget.flops=2e9", "eval.points=[1.0]",
                         "data.shuffle_buffer=32", base=()),
                    _run(tmp / "convert", synth_root, *convert, base=()),
                    _run(tmp / "skewed", synth_root, "eval.points=[1.0]", "budget.flops=1e9", skewed_clock=True),
-                   _run(tmp / "unfinished", synth_root, "train.stop_at_step=1"))
-    return {"tmp": tmp, "done": done, "one_convert": one_convert}
+                   _run(tmp / "unfinished", synth_root, "train.stop_at_step=1"),
+                   {"argv": ["sweep", "arm=mask0,mask75", *swept], "out": str(tmp / "sweep")},
+                   {"argv": ["repro", str(mask75)], "out": str(tmp / "repro")})
+    return {"tmp": tmp, "done": done, "one_convert": one_convert, "mask75": mask75}
 
 
 def test_two_processes_with_resume_match_one_process(synth_root, one_process, two_processes, capsys):
@@ -236,3 +249,32 @@ def test_ddp_does_not_rebroadcast_the_models_fixed_buffers(tmp_path, synth_root)
     assert make_accelerator(maskdit).ddp_handler.find_unused_parameters is False
     model = build_model(cfg.model, resolve_dataset(cfg.data, cfg.paths.data))
     assert {name for name, _ in model.named_buffers()} <= {"pos_embed", "text_encoder.token_table"}
+
+
+CHECKS = ("rerun", "resume", "metrics", "environment", "digests")
+
+
+def _printed(two_processes: dict, command: str) -> list[str]:
+    """What each process printed running `command`, once both ran it to exit code 0."""
+    _finished(two_processes["tmp"] / command, two_processes["done"])
+    return [(two_processes["tmp"] / command / f"rank-{rank}.out").read_text() for rank in (0, 1)]
+
+
+def test_a_sweep_of_two_cells_finishes_on_two_processes(two_processes):
+    assert "sweep: 2 cells trained, 0 skipped as done" in _printed(two_processes, "sweep")[0]
+    swept = two_processes["tmp"] / "swept"
+    rows = read_rows([swept / "leaderboard.csv"])
+    assert [(r["arm"], r["point"]) for r in rows] == [("mask0", 0.5), ("mask0", 1.0), ("mask75", 0.5), ("mask75", 1.0)]
+    assert all(r["n_devices"] == 2 for r in rows)                   # each cell trained on both processes
+    assert all((run / "done.json").is_file() for run in (swept / "runs").iterdir())
+
+
+def test_repro_of_a_two_process_run_passes_on_two_processes(two_processes):
+    assert [two_processes["mask75"]] == list((two_processes["tmp"] / "swept" / "runs").glob("mask75-*"))
+    tables = [[line for line in printed.splitlines() if line.split()[:1] in [[check] for check in CHECKS]]
+              for printed in _printed(two_processes, "repro")]
+    table = tables[0]
+    assert len(table) == 5 and all(line.split()[1] == "PASS" for line in table), table
+    assert tables[1] == []                                           # printed once, by rank 0
+    assert "n_devices 2" in next(line for line in table if line.startswith("environment"))
+    assert list((two_processes["tmp"] / "tmpdir").glob("maskbench-repro-*")) == []  # the shared folder is gone
