@@ -2,6 +2,7 @@
 regenerated here from its CSVs, it must equal the committed text, so a table typed by hand or left behind by
 its rows fails."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,9 @@ def test_the_fair_answer_is_read_only_when_every_cell_is_in_and_then_by_the_plan
     headline = doctables.fair_headline(complete)
     assert headline.startswith("By the plan's rule (") and "mask75" in headline and "Not read yet" not in headline
     assert "| M(B) (95% CI) |" in headline and "| held out |" in headline
+    assert "| arm | crossover C* on FD: M(C) = 1 (95% CI) | crossover C* on val loss: M(C) = 1 (95% CI) |" in headline
+    crossover = r"(\d\.\d+e\+\d+ \[.*\]|none within 10× of B \(\d of 3 seeds cross there\))"
+    assert re.search(rf"^\| `mask75` \| {crossover} \| {crossover} \|$", headline, re.MULTILINE)
     answer = doctables.fair_answer(complete)
     assert "| arm | A (95% CI) | α (95% CI) |" in answer and "crossover C*" in answer
     assert answer.startswith("plan results/fair/PLAN.md (fair): ")  # the same text in any checkout

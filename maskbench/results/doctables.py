@@ -43,7 +43,7 @@ from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import Family
 from maskbench.results.report import NO_PLAN, Analysis, analyse_rows, applied_plan
 from maskbench.results.summary import Summary, gap_in_ses
-from maskbench.results.tables import headline, render, render_scaling, render_verdicts
+from maskbench.results.tables import crossover_reading, headline, render, render_scaling, render_verdicts
 from maskbench.results.targets import Target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -584,7 +584,13 @@ def fair_headline(root: Path) -> str:
     if read is None:
         return _not_read_yet(root)
     _, analysis, family = read
-    return f"{headline(analysis.verdicts)}\n\n{render_verdicts(analysis.verdicts, 'markdown', family)}"
+    fits = {fit.metric: fit for fit in analysis.fits}
+    arms = [arm.arm for fit in analysis.fits for arm in fit.arms if arm.multipliers]
+    crossings = _table(("arm", *(f"crossover C* on {get_metric(m).label}: M(C) = 1 (95% CI)" for m in fits)),
+                       [[f"`{arm}`", *(crossover_reading(fit, next(a for a in fit.arms if a.arm == arm))
+                                       for fit in fits.values())] for arm in dict.fromkeys(arms)])
+    return "\n\n".join([headline(analysis.verdicts), render_verdicts(analysis.verdicts, "markdown", family),
+                         "Where each arm's fitted compute multiplier falls to 1 (reported, not tested):", crossings])
 
 
 def fair_answer(root: Path) -> str:

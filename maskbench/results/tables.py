@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
 from maskbench.results.estimators import Estimate, Ratio, agreement, ratio_verdict
 from maskbench.results.multiplicity import DETECTED_SES, EXPLORATORY, ArmVerdict, Family, MetricVerdict
-from maskbench.results.scaling import FAILURE_RULES, Crossover, GroupFit, Interval, Prediction
+from maskbench.results.scaling import FAILURE_RULES, ArmFit, Crossover, GroupFit, Interval, Prediction
 from maskbench.results.summary import Summary
 from maskbench.results.targets import COMPUTE, Target
 
@@ -366,9 +366,7 @@ def _scaling_tables(fit: GroupFit, pct: str) -> list[Table]:
                         for i, (point, flops) in enumerate(zip(fit.points, fit.horizons))]))
     if arms:
         tables.append((None, ("arm", f"trend: d log M / d log C ({pct} CI)", f"crossover C*: M = 1 ({pct} CI)"),
-                       [[arm.arm, _estimate_cell(arm.trend),
-                         "not read: its held-out prediction failed" if fit.failed(arm.arm) else
-                         _crossover_cell(arm.crossover, fit.within)] for arm in arms]))
+                       [[arm.arm, _estimate_cell(arm.trend), crossover_reading(fit, arm)] for arm in arms]))
     if fit.held_out:
         early = fit.held_out_points
         tables.append((f"held out: fitted on horizons {early[0]:g} to {early[-1]:g}, predicting {fit.points[-1]:g} (B)",
@@ -391,6 +389,13 @@ def _estimate_cell(estimate: Estimate | None) -> str:
 def _interval_cell(interval: Interval, spec: str = ".4g") -> str:
     value, lo, hi = interval
     return f"{value:{spec}}" if math.isnan(lo) else f"{value:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def crossover_reading(fit: GroupFit, arm: ArmFit) -> str:
+    """An arm's crossover C* as the tables read it: 'C* [lo, hi]', 'none within k× of B (...)', or not read where
+    its held-out prediction failed (a curve that missed B is not extrapolated further)."""
+    return ("not read: its held-out prediction failed" if fit.failed(arm.arm) else
+            _crossover_cell(arm.crossover, fit.within))
 
 
 def _crossover_cell(crossover: Crossover, within: float) -> str:
