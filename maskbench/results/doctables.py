@@ -556,6 +556,7 @@ def fair_progress(root: Path) -> str:
         f"\n\n{cells.finished} of {cells.total} cells finished."
 
 
+@functools.cache
 def _fair_analysis(root: Path) -> tuple[str, Analysis, Family] | None:
     """The fair study read as `maskbench leaderboard results/fair/leaderboard.csv` reads it under its plan (its
     plan line, the corrected analysis with the compute curves, the family); None until every cell is in, since
