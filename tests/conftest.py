@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
 from omegaconf import OmegaConf
 
 from maskbench.config import known_arms
@@ -119,6 +121,17 @@ def distinct_arms() -> list[str]:
     keys = {arm: (sorted(arm_settings(arm)), phases(arm)) for arm in arms}
     return [arm for arm in arms
             if not any(keys[other][0] == keys[arm][0] and keys[arm][1] < keys[other][1] for other in arms)]
+
+
+@contextlib.contextmanager
+def fresh_dynamo():
+    """Nothing compiled before is reused inside, nor kept after: a graph another test in the same worker
+    compiled would otherwise be a cache hit, and a test that counts graphs or compile time would see none."""
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
 
 
 def randomized(model: torch.nn.Module, std: float) -> torch.nn.Module:

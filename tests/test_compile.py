@@ -26,18 +26,17 @@ from maskbench.models.objective import route_choice, windowed_flow_loss
 from maskbench.train import loop
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.loop import Trainer
-from tests.conftest import randomized
+from tests.conftest import fresh_dynamo, randomized
 from tests.test_arms import _model
 from tests.test_kernels import interpret, needs_triton, random_keep  # noqa: F401 (interpret is a fixture)
 from tests.test_rule_arm import _cfg as _rule_cfg
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
+def own_graphs():
     """Every test counts its own graphs: nothing compiled by an earlier test is reused."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+    with fresh_dynamo():
+        yield
 
 
 class Graphs:

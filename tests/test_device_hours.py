@@ -17,7 +17,7 @@ import maskbench.train.loop as loop
 from maskbench.config import load_config
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
-from tests.conftest import SMALL_EVAL, tiny_overrides
+from tests.conftest import SMALL_EVAL, fresh_dynamo, tiny_overrides
 
 DELAY = 1000.0  # fake seconds each batch takes to load: far above any real step, so no timing can blur it
 
@@ -51,7 +51,8 @@ def instrumented(tmp_path_factory, synth_root) -> tuple[dict, str]:
         return slow
 
     err = io.StringIO()
-    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stderr(err):
+    # fresh_dynamo: a graph an earlier test in this worker compiled would be reused, and nothing would compile here
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stderr(err), fresh_dynamo():
         monkeypatch.setattr(loop, "loader_decoder", slow_decoder)
         monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
                                                                 monotonic=clock.monotonic))
