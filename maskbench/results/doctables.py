@@ -31,6 +31,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,7 @@ from maskbench.results.estimators import Difference, ratio_verdict
 from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import Family
 from maskbench.results.report import NO_PLAN, Analysis, analyse_rows, applied_plan
+from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import Summary, gap_in_ses
 from maskbench.results.tables import crossover_reading, headline, render, render_scaling, render_verdicts
 from maskbench.results.targets import Target
@@ -591,7 +593,26 @@ def fair_headline(root: Path) -> str:
                        [[f"`{arm}`", *(crossover_reading(fit, next(a for a in fit.arms if a.arm == arm))
                                        for fit in fits.values())] for arm in dict.fromkeys(arms)])
     return "\n\n".join([headline(analysis.verdicts), render_verdicts(analysis.verdicts, "markdown", family),
+                         "Where the gap goes as compute grows (reported, not tested):",
+                         "\n".join(_gap_trend(fit) for fit in fits.values()),
                          "Where each arm's fitted compute multiplier falls to 1 (reported, not tested):", crossings])
+
+
+def _gap_trend(fit: GroupFit) -> str:
+    """One metric's compute curves in a line: each arm's M from the first horizon to B, how many arms' M rises
+    or falls with compute (the trend's interval wholly above or below 0), how well the curves fit (χ²/dof) and
+    how many held-out value predictions failed: the words the README's prose may use, read off the fits."""
+    arms = [arm for arm in fit.arms if arm.multipliers]
+    moves = [f"`{arm.arm}` {_g(arm.multipliers[0].geomean)} → {_g(arm.multipliers[-1].geomean)}" for arm in arms]
+    rising = sum(arm.trend[0] - arm.trend[1] > 0 for arm in arms)
+    falling = sum(arm.trend[0] + arm.trend[1] < 0 for arm in arms)
+    values = [p for p in fit.held_out if p.quantity != "M"]
+    failed = [f"`{p.arm}`" for p in values if p.failed]
+    return (f"- {get_metric(fit.metric).label}: M from {Fraction(fit.points[0]).limit_denominator()} of B to B: {', '.join(moves)}; "
+            f"M rises with compute for {rising} of {len(arms)} arms and falls for {falling} (95% interval of the "
+            f"trend above or below 0); the residuals of the curves are χ²/dof {fit.chi2_dof:.3g} in units of the "
+            f"sampling errors (about 1: a curve that fits to eval noise); the prediction of the value at B from the horizons up to B/2 failed for {len(failed)} of {len(values)}"
+            + (f" ({', '.join(failed)})." if failed else "."))
 
 
 def fair_answer(root: Path) -> str:
