@@ -85,8 +85,18 @@ def fair_root(tmp_path: Path, rows: list[dict]) -> Path:
         "grid:\n  - arm=mask0,mask75\n  - seed=0,1,2\n  - eval.points=[0.03125,0.0625,0.125,0.25,0.5,1.0]\n")
     (tmp_path / "results" / "fair").mkdir(parents=True)
     (tmp_path / "results" / "fair" / "PLAN.md").write_bytes((ROOT / "results" / "fair" / "PLAN.md").read_bytes())
-    append_rows(tmp_path / "results" / "fair" / "leaderboard.csv", rows)
+    if rows:
+        append_rows(tmp_path / "results" / "fair" / "leaderboard.csv", rows)
     return tmp_path
+
+
+def test_a_study_before_its_first_row_shows_every_cell_waiting(tmp_path):
+    """A study whose CSV does not exist yet (it started, no cell has finished a horizon) has its progress table,
+    every cell '–', and its answer says how many cells are in; neither fails on the missing file."""
+    root = fair_root(tmp_path, [])
+    progress = doctables.study_progress(root, "fair", doctables.FAIR)
+    assert "| `mask75` | – | – | – |" in progress and progress.endswith("0 of 6 cells finished.")
+    assert doctables.fair_headline(root).startswith("Not read yet: 0 of 6 cells are in")
 
 
 def test_the_fair_answer_is_read_only_when_every_cell_is_in_and_then_by_the_plans_rule(tmp_path):

@@ -514,6 +514,7 @@ def config_key_table(root: Path) -> str:
 
 
 FAIR = "results/fair/leaderboard.csv"
+LITERATURE = "results/literature/leaderboard.csv"
 
 
 def _grid_axis(root: Path, study: str, key: str) -> list[str]:
@@ -543,15 +544,15 @@ class Cells:
 def _cells(root: Path, study: str, csv_path: str) -> Cells:
     arms, seeds, points = (_grid_axis(root, study, key) for key in ("arm", "seed", "eval.points"))
     done: dict[tuple[str, str], int] = defaultdict(int)
-    for row in _rows(root, csv_path):
+    for row in _rows(root, csv_path) if (root / csv_path).exists() else ():  # none before a study's first row
         done[row["arm"], str(row["seed"])] += 1
     return Cells(arms, seeds, len(points), dict(done))  # eval.points=[a,b,...] splits on its commas as well
 
 
-def fair_progress(root: Path) -> str:
-    """The fair study's cells (arm x seed, conf/study/fair.yaml): how many of each one's horizons have a row.
+def study_progress(root: Path, study: str, csv_path: str) -> str:
+    """A pinned study's cells (arm x seed, conf/study/STUDY.yaml): how many of each one's horizons have a row.
     Rows land while the study runs: commit them with this table rewritten (`--write`)."""
-    cells = _cells(root, "fair", FAIR)
+    cells = _cells(root, study, csv_path)
     lines = [[f"`{arm}`", *(f"{cells.done[arm, seed]}/{cells.horizons}" if (arm, seed) in cells.done else "–"
                             for seed in cells.seeds)] for arm in cells.arms]
     return _table(("arm", *(f"seed {seed}" for seed in cells.seeds)), lines) + \
@@ -672,7 +673,9 @@ TABLES: dict[str, DocTable] = {
     "longskip": DocTable(("results/longskip/leaderboard.csv",), longskip),
     "conversion": DocTable((PRE_CRN,), conversion),
     "downscale-routes": DocTable((PRE_CRN,), downscale_routes),
-    "fair-progress": DocTable((FAIR,), fair_progress),
+    "fair-progress": DocTable((FAIR,), functools.partial(study_progress, study="fair", csv_path=FAIR)),
+    "literature-progress": DocTable((LITERATURE,), functools.partial(study_progress, study="literature",
+                                                                     csv_path=LITERATURE)),
     "fair-headline": DocTable((FAIR,), fair_headline),
     "fair-answer": DocTable((FAIR,), fair_answer),
     "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
