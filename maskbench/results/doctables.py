@@ -604,16 +604,18 @@ def _gap_trend(fit: GroupFit) -> str:
     or falls with compute (the trend's interval wholly above or below 0), how well the curves fit (χ²/dof) and
     how many held-out value predictions failed: the words the README's prose may use, read off the fits."""
     arms = [arm for arm in fit.arms if arm.multipliers]
-    moves = [f"`{arm.arm}` {_g(arm.multipliers[0].geomean)} → {_g(arm.multipliers[-1].geomean)}" for arm in arms]
-    rising = sum(arm.trend[0] - arm.trend[1] > 0 for arm in arms)
-    falling = sum(arm.trend[0] + arm.trend[1] < 0 for arm in arms)
-    values = [p for p in fit.held_out if p.quantity != "M"]
-    failed = [f"`{p.arm}`" for p in values if p.failed]
-    return (f"- {get_metric(fit.metric).label}: M from {Fraction(fit.points[0]).limit_denominator()} of B to B: {', '.join(moves)}; "
-            f"M rises with compute for {rising} of {len(arms)} arms and falls for {falling} (95% interval of the "
-            f"trend above or below 0); the residuals of the curves are χ²/dof {fit.chi2_dof:.3g} in units of the "
-            f"sampling errors (about 1: a curve that fits to eval noise); the prediction of the value at B from the horizons up to B/2 failed for {len(failed)} of {len(values)}"
-            + (f" ({', '.join(failed)})." if failed else "."))
+    moves = ", ".join(f"`{arm.arm}` {_g(arm.multipliers[0].geomean)} → {_g(arm.multipliers[-1].geomean)}"
+                      for arm in arms)
+    rising = sum(mean - half > 0 for mean, half in (arm.trend for arm in arms))
+    falling = sum(mean + half < 0 for mean, half in (arm.trend for arm in arms))
+    values = [p for p in fit.held_out if p.quantity != "M"]  # the metric's own value at B, not M
+    failed = ", ".join(f"`{p.arm}`" for p in values if p.failed)
+    first = Fraction(fit.points[0]).limit_denominator()
+    return (f"- {get_metric(fit.metric).label}: M from {first} of B to B: {moves}; M rises with compute for "
+            f"{rising} of {len(arms)} arms and falls for {falling} (the trend's interval above or below 0); the "
+            f"residuals of the curves are χ²/dof {fit.chi2_dof:.3g} in units of the sampling errors (about 1: a "
+            f"curve that fits to eval noise); the prediction of the value at B from the horizons up to B/2 failed "
+            f"for {sum(bool(p.failed) for p in values)} of {len(values)}" + (f" ({failed})." if failed else "."))
 
 
 def fair_answer(root: Path) -> str:
