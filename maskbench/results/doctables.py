@@ -581,9 +581,9 @@ def _not_read_yet(root: Path) -> str:
 
 
 def fair_headline(root: Path) -> str:
-    """The fair study's answer in one sentence and one table: each masked arm's verdict at B by the plan's rule
-    (the difference at B and the compute multiplier M(B), FD and validation loss side by side, the held-out
-    check), as `maskbench leaderboard results/fair/leaderboard.csv` prints it."""
+    """The fair study's answer for the README: each masked arm's verdict at B by the plan's rule in one sentence,
+    where the gap goes as compute grows and each arm's C*; the verdict table itself (the difference at B, M(B),
+    the held-out check, FD and validation loss side by side) is docs/studies.md's, in `fair_answer`."""
     read = _fair_analysis(root)
     if read is None:
         return _not_read_yet(root)
@@ -593,7 +593,9 @@ def fair_headline(root: Path) -> str:
     crossings = _table(("arm", *(f"crossover C* on {get_metric(m).label}: M(C) = 1 (95% CI)" for m in fits)),
                        [[f"`{arm}`", *(crossover_reading(fit, next(a for a in fit.arms if a.arm == arm))
                                        for fit in fits.values())] for arm in dict.fromkeys(arms)])
-    return "\n\n".join([headline(analysis.verdicts), render_verdicts(analysis.verdicts, "markdown", family),
+    return "\n\n".join([headline(analysis.verdicts),
+                         "Each verdict's tests (the difference at B, M(B), the held-out check, Holm) are in "
+                         "[docs/studies.md](docs/studies.md#where-the-answer-stands).",
                          "Where the gap goes as compute grows (reported, not tested):",
                          "\n".join(_gap_trend(fit) for fit in fits.values()),
                          "Where each arm's fitted compute multiplier falls to 1 (reported, not tested):", crossings])
