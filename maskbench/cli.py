@@ -449,7 +449,8 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
                             "and FD against FLOPs with their fits) beside it, to PNG's name with _fits")
     board.add_argument("--baseline",
                        help="arm the others are compared to: paired by seed where every seed has a partner, "
-                            "Welch's unpaired test otherwise (default: the plan's, else mask0)")
+                            "Welch's unpaired test otherwise (default: the plan's, else mask0); another arm than the plan's "
+                            "sets the plan aside and reads every comparison as exploratory")
     board.add_argument("--plan", metavar="FILE",
                        help="the study's analysis plan (a PLAN.md: YAML front matter between --- lines) "
                             "(default: PLAN.md beside the CSVs, if any)")

@@ -112,7 +112,8 @@ def test_the_fair_answer_is_read_only_when_every_cell_is_in_and_then_by_the_plan
     rows = [row for seed in range(3) for arm, (a, e) in TRUTH.items()
             for row in curve_rows(arm, seed, a, e, 0.01, rng, created_at=after_the_plan)]
     partial = fair_root(tmp_path / "partial", rows[:-1])
-    for render in (doctables.fair_headline, doctables.fair_answer):
+    fair_answer = TABLES["fair-answer"].render
+    for render in (doctables.fair_headline, fair_answer):
         assert render(partial) == ("Not read yet: 5 of 6 cells are in, and results/fair/PLAN.md reads nothing "
                                    "before every cell is.")
     complete = fair_root(tmp_path / "complete", rows)
@@ -129,7 +130,30 @@ def test_the_fair_answer_is_read_only_when_every_cell_is_in_and_then_by_the_plan
                           r"compute for 0 of 1 arms and falls for 1 ", headline, re.MULTILINE)
         assert trend and float(trend[1]) == pytest.approx(3.99, rel=0.1)
         assert float(trend[2]) == pytest.approx(1.68, rel=0.1)
-    answer = doctables.fair_answer(complete)
+    answer = fair_answer(complete)
     assert "| arm | A (95% CI) | α (95% CI) |" in answer and "crossover C*" in answer
     assert answer.startswith("plan results/fair/PLAN.md (fair): ")  # the same text in any checkout
     assert "| M(B) (95% CI) |" in answer and answer.count("mask75") > headline.count("mask75")
+
+
+def test_a_comparison_against_another_baseline_is_read_exploratory_and_only_when_every_cell_is_in(tmp_path):
+    """The literature study's repa against repa_random (its plan: exploratory) is read as `maskbench leaderboard
+    CSV --baseline repa_random` reads it: the plan set aside, no verdict, the two arms only; and, like the
+    planned reading, not before every cell of the study is in. Here: mask75 against mask0 as the baseline."""
+    import numpy as np
+
+    from tests.test_scaling import TRUTH, curve_rows
+
+    rng = np.random.default_rng(0)
+    rows = [row for seed in range(3) for arm, (a, e) in TRUTH.items()
+            for row in curve_rows(arm, seed, a, e, 0.01, rng, created_at="2026-12-04T00:00:00+00:00")]
+    against = dict(study="fair", csv_path=doctables.FAIR, baseline="mask75", arms=("mask0", "mask75"))
+    partial = fair_root(tmp_path / "partial", rows[:-1])
+    assert doctables.study_answer(partial, **against).startswith("Not read yet: 5 of 6 cells are in")
+    answer = doctables.study_answer(fair_root(tmp_path / "complete", rows), **against)
+    assert answer.startswith("plan results/fair/PLAN.md (fair) set aside: its baseline is mask0, and against "
+                             "--baseline mask75 every reading is exploratory")
+    assert "confirmatory" not in answer and "The plan's verdict at B" not in answer  # no plan's rule
+    compared = [line for line in answer.splitlines() if "| paired | 3 pairs |" in line]
+    assert [line.split(" | ")[4:6] for line in compared] == [["mask0", "fid"], ["mask0", "val_loss"]]
+    assert all(line.endswith("| exploratory |") for line in compared)

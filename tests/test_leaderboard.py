@@ -267,12 +267,17 @@ def test_a_plan_written_before_every_row_confirms_its_planned_readings(study, ca
         "confirmatory", "exploratory"]
 
 
-def test_plan_flag_and_baseline_conflicts(study, tmp_path, capsys):
+def test_plan_flag_and_a_baseline_other_than_the_plans(study, tmp_path, capsys):
     plan = write_plan(tmp_path, written="2026-01-01T00:00:00+00:00")
     assert leaderboard_main([str(study / "leaderboard.csv")], plan=str(plan), details=True) == 0
     assert "confirmatory" in capsys.readouterr().out.splitlines()[0]
-    assert leaderboard_main([str(study / "leaderboard.csv")], baseline="mask75", plan=str(plan)) == 2
-    assert capsys.readouterr().err == f"error: --baseline mask75 contradicts {plan}, whose baseline is mask0\n"
+    # another baseline sets the plan aside: its tests are about mask0, so every reading against mask75 explores
+    assert leaderboard_main([str(study / "leaderboard.csv")], baseline="mask75", plan=str(plan), details=True) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"plan {plan} (") and "set aside: its baseline is mask0, and against --baseline mask75 " \
+        "every reading is exploratory" in out[0]
+    fid, loss = paired_lines(out)
+    assert " mask0 " in fid and fid.endswith("exploratory") and loss.endswith("exploratory")
 
 
 @pytest.mark.parametrize(("front", "message"), [

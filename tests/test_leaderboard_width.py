@@ -58,7 +58,7 @@ def test_the_default_text_fits_120_columns_and_says_where_the_rest_is(study, cap
 def test_the_powered_studys_verdicts_and_intervals_are_all_there(capsys):
     out = printed(capsys, POWERED)
     rows = read_rows([POWERED])
-    _, _, family = applied_plan(rows, [POWERED], None, None)
+    family = applied_plan(rows, [POWERED], None, None).family
     compared = [r for r in summarize(rows, "mask0", family.compared()) if r.comparisons]
     assert {r.arm for r in compared} == {"mask75", "mask75_then0"}
     for arm in ("mask0", "mask75", "mask75_then0"):

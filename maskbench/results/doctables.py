@@ -42,7 +42,7 @@ from maskbench.metrics import get_metric
 from maskbench.results.estimators import Difference, ratio_verdict
 from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import Family
-from maskbench.results.report import NO_PLAN, Analysis, analyse_rows, applied_plan
+from maskbench.results.report import Analysis, analyse_rows, applied_plan
 from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import Summary, gap_in_ses
 from maskbench.results.tables import crossover_reading, headline, render, render_scaling, render_verdicts
@@ -80,9 +80,10 @@ def _study(root: Path, path: str) -> StudyTables:
     baseline are compared (`--allow-size-mismatch`): these tables show the rows as they were read, with each
     arm's parameter count where it differs, so that the reader sees the confound."""
     rows = _rows(root, path)
-    found, baseline, family = applied_plan(list(rows), [str(root / path)], None, None)
-    analysis = analyse_rows(list(rows), found, baseline, family, fits=False, size_tolerance=None)
-    return StudyTables(rows, family, analysis.summary, analysis.tests)
+    applied = applied_plan(list(rows), [str(root / path)], None, None)
+    analysis = analyse_rows(list(rows), applied.plan, applied.baseline, applied.family, fits=False,
+                            size_tolerance=None)
+    return StudyTables(rows, applied.family, analysis.summary, analysis.tests)
 
 
 def _records(study: StudyTables, model: str, budget: float, started: bool = False) -> dict[str, Summary]:
@@ -296,8 +297,9 @@ def _crossover(root: Path) -> tuple[list, Family, int]:
     from maskbench.results.crossover import correct_cells, crossover_cells
 
     rows = list(_rows(root, CROSSOVER))
-    found, baseline, family = applied_plan(rows, [str(root / CROSSOVER)], None, None)
-    cells = crossover_cells(rows, arm="mask75", baseline=baseline, metrics=family.compared(),
+    applied = applied_plan(rows, [str(root / CROSSOVER)], None, None)
+    family = applied.family
+    cells = crossover_cells(rows, arm="mask75", baseline=applied.baseline, metrics=family.compared(),
                             level=1 - family.alpha, size_tolerance=None)
     cells, tests = correct_cells(cells, family)
     return cells, family, tests
@@ -560,33 +562,34 @@ def study_progress(root: Path, study: str, csv_path: str) -> str:
 
 
 @functools.cache
-def _fair_analysis(root: Path) -> tuple[str, Analysis, Family] | None:
-    """The fair study read as `maskbench leaderboard results/fair/leaderboard.csv` reads it under its plan (its
-    plan line, the corrected analysis with the compute curves, the family); None until every cell is in, since
-    the plan reads nothing before."""
-    cells = _cells(root, "fair", FAIR)
+def _pinned_analysis(root: Path, study: str, csv_path: str, baseline: str | None = None,
+                     arms: tuple[str, ...] | None = None) -> tuple[str, Analysis, Family] | None:
+    """A pinned study read as `maskbench leaderboard CSV [--baseline B]` reads it under its plan (its plan line,
+    the corrected analysis with the compute curves, the family), on `arms` only if given; None until every cell
+    is in, since the plan reads nothing before. A baseline other than the plan's reads it exploratory."""
+    cells = _cells(root, study, csv_path)
     if cells.finished < cells.total:
         return None
-    rows = list(_rows(root, FAIR))
-    found, baseline, family = applied_plan(rows, [str(root / FAIR)], None, None)
-    analysis = analyse_rows(rows, found, baseline, family)
-    plan_line = found.describe(rows, analysis.tests).replace(f"{root}/", "") if found else NO_PLAN  # any checkout
-    return plan_line, analysis, family
+    rows = [row for row in _rows(root, csv_path) if arms is None or row["arm"] in arms]
+    applied = applied_plan(rows, [str(root / csv_path)], None, baseline)
+    analysis = analyse_rows(rows, applied.plan, applied.baseline, applied.family)
+    plan_line = applied.describe(rows, analysis.tests).replace(f"{root}/", "")  # the same text in any checkout
+    return plan_line, analysis, applied.family
 
 
-def _not_read_yet(root: Path) -> str:
-    cells = _cells(root, "fair", FAIR)
-    return (f"Not read yet: {cells.finished} of {cells.total} cells are in, and results/fair/PLAN.md reads "
+def _not_read_yet(root: Path, study: str, csv_path: str) -> str:
+    cells = _cells(root, study, csv_path)
+    return (f"Not read yet: {cells.finished} of {cells.total} cells are in, and results/{study}/PLAN.md reads "
             "nothing before every cell is.")
 
 
 def fair_headline(root: Path) -> str:
     """The fair study's answer for the README: each masked arm's verdict at B by the plan's rule in one sentence,
     where the gap goes as compute grows and each arm's C*; the verdict table itself (the difference at B, M(B),
-    the held-out check, FD and validation loss side by side) is docs/studies.md's, in `fair_answer`."""
-    read = _fair_analysis(root)
+    the held-out check, FD and validation loss side by side) is docs/studies.md's, in `study_answer`."""
+    read = _pinned_analysis(root, "fair", FAIR)
     if read is None:
-        return _not_read_yet(root)
+        return _not_read_yet(root, "fair", FAIR)
     _, analysis, family = read
     fits = {fit.metric: fit for fit in analysis.fits}
     arms = [arm.arm for fit in analysis.fits for arm in fit.arms if arm.multipliers]
@@ -620,17 +623,19 @@ def _gap_trend(fit: GroupFit) -> str:
             f"for {sum(bool(p.failed) for p in values)} of {len(values)}" + (f" ({failed})." if failed else "."))
 
 
-def fair_answer(root: Path) -> str:
-    """The fair study in full, as `maskbench leaderboard results/fair/leaderboard.csv --format markdown` prints it:
-    the plan applied, each arm against mask0 at every horizon with its sampling errors, the compute curves with
-    M(C), the crossover C* and the held-out prediction against the measured value, and the verdicts."""
-    read = _fair_analysis(root)
+def study_answer(root: Path, study: str, csv_path: str, baseline: str | None = None,
+                 arms: tuple[str, ...] | None = None) -> str:
+    """A pinned study in full, as `maskbench leaderboard CSV [--baseline B] --format markdown` prints it: the plan
+    applied (or set aside), each arm against the baseline at every horizon with its sampling errors, the
+    compute curves with M(C), the crossover C* and the held-out prediction against the measured value, and the
+    verdicts where the plan reads them."""
+    read = _pinned_analysis(root, study, csv_path, baseline, arms)
     if read is None:
-        return _not_read_yet(root)
+        return _not_read_yet(root, study, csv_path)
     plan_line, analysis, family = read
-    return "\n\n".join([plan_line, render(analysis.summary, "markdown", family),
-                         render_scaling(analysis.fits, "markdown", 1 - family.alpha),
-                         render_verdicts(analysis.verdicts, "markdown", family)])
+    parts = [plan_line, render(analysis.summary, "markdown", family),
+             render_scaling(analysis.fits, "markdown", 1 - family.alpha)]
+    return "\n\n".join(parts + ([render_verdicts(analysis.verdicts, "markdown", family)] if analysis.verdicts else []))
 
 
 SUITE_LINE = re.compile(r"^# (?P<command>.+?)(?: --durations=0)? at (?P<commit>\w+), (?P<date>[\d-]+)T[\d:]+Z, "
@@ -681,7 +686,11 @@ TABLES: dict[str, DocTable] = {
     "literature-progress": DocTable((LITERATURE,), functools.partial(study_progress, study="literature",
                                                                      csv_path=LITERATURE)),
     "fair-headline": DocTable((FAIR,), fair_headline),
-    "fair-answer": DocTable((FAIR,), fair_answer),
+    "fair-answer": DocTable((FAIR,), functools.partial(study_answer, study="fair", csv_path=FAIR)),
+    "literature-answer": DocTable((LITERATURE,), functools.partial(study_answer, study="literature",
+                                                                   csv_path=LITERATURE)),
+    "literature-repa-control": DocTable((LITERATURE,), functools.partial(
+        study_answer, study="literature", csv_path=LITERATURE, baseline="repa_random", arms=("repa", "repa_random"))),
     "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
     "config-keys": DocTable((), config_key_table),  # from the schema (maskbench/config/keys.py), no CSV
 }

@@ -30,7 +30,7 @@ from maskbench.eval.grid import GRID_FILE
 from maskbench.results import plots
 from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import ArmVerdict, Family
-from maskbench.results.report import NO_PLAN, analyse_rows, applied_plan
+from maskbench.results.report import analyse_rows, applied_plan
 from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import SIZE_TOLERANCE, Summary, measured_groups
 from maskbench.results.tables import group_label, headline, ratio_headline, render, render_scaling, render_verdicts
@@ -79,11 +79,10 @@ def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | N
     rows = read_rows(paths, on_error)
     if not rows:
         raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
-    found, baseline, family = applied_plan(rows, paths, plan, baseline)
-    analysis = analyse_rows(rows, found, baseline, family, size_tolerance=size_tolerance)
-    plan_line = found.describe(rows, analysis.tests) if found else NO_PLAN
-    return StudyPage(name, list(paths), rows, plan_line, family, baseline, analysis.summary, analysis.fits,
-                 analysis.verdicts)
+    applied = applied_plan(rows, paths, plan, baseline)
+    analysis = analyse_rows(rows, applied.plan, applied.baseline, applied.family, size_tolerance=size_tolerance)
+    return StudyPage(name, list(paths), rows, applied.describe(rows, analysis.tests), applied.family,
+                     applied.baseline, analysis.summary, analysis.fits, analysis.verdicts)
 
 
 def studies(paths: Sequence[str]) -> dict[str, list[str]]:

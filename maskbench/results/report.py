@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -219,14 +220,36 @@ def find_plan(paths: Sequence[str]) -> Path | None:
     return Path(plans[0]) if plans else None
 
 
-def applied_plan(rows: list[dict], paths: Sequence[str], plan: str | None,
-                 baseline: str | None) -> tuple[Plan | None, str, Family]:
-    """The plan that applies to these rows (--plan, else PLAN.md beside them), the baseline it names (a
-    contradicting --baseline is refused), and its family of tests (none: exploratory)."""
+class AppliedPlan(NamedTuple):
+    """How a report reads its rows: the plan applied (None: exploratory), the baseline, the family of tests,
+    and `set_aside`, the plan beside the rows when `--baseline` names another arm than its own. A plan's
+    tests are about its own baseline, so against any other arm every reading is exploratory (a study's own
+    plan may name such a comparison as exploratory: `--baseline repa_random` in results/literature/PLAN.md)."""
+
+    plan: Plan | None
+    baseline: str
+    family: Family
+    set_aside: Plan | None = None
+
+    def describe(self, rows: Sequence[Row], tests: int) -> str:
+        """The report's first line: the plan applied, set aside, or none."""
+        if self.plan:
+            return self.plan.describe(rows, tests)
+        if self.set_aside:
+            return (f"plan {self.set_aside.path} ({self.set_aside.study}) set aside: its baseline is "
+                    f"{self.set_aside.baseline}, and against --baseline {self.baseline} every reading is "
+                    "exploratory (verdicts uncorrected for multiple comparisons)")
+        return NO_PLAN
+
+
+def applied_plan(rows: list[dict], paths: Sequence[str], plan: str | None, baseline: str | None) -> AppliedPlan:
+    """The plan that applies to these rows (--plan, else PLAN.md beside them), the baseline it names, and its
+    family of tests (none: exploratory); a --baseline other than the plan's sets the plan aside."""
     found = _plan_for(paths, plan)
     if found and baseline and baseline != found.baseline:
-        raise ValueError(f"--baseline {baseline} contradicts {found.path}, whose baseline is {found.baseline}")
-    return found, found.baseline if found else baseline or "mask0", found.family(rows) if found else EXPLORATORY
+        return AppliedPlan(None, baseline, EXPLORATORY, set_aside=found)
+    return AppliedPlan(found, found.baseline if found else baseline or "mask0",
+                       found.family(rows) if found else EXPLORATORY)
 
 
 def _plan_for(paths: Sequence[str], plan: str | None) -> Plan | None:
@@ -270,7 +293,7 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
     """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
 
     With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
-    or error policy, a malformed row under abort, a malformed plan, a --baseline the plan contradicts)
+    or error policy, a malformed row under abort, a malformed plan)
     prints one line on stderr and returns 2, as do files without a single row. The summary and the
     crossover map first say which plan they applied (`plan`, else PLAN.md beside the CSVs), or that there
     is none. With mlperf, the MLPerf-style scores are printed instead of the summary, and 1 is returned,
@@ -300,16 +323,17 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
             raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
         if mlperf:
             return _print_mlperf(rows, baseline or "mask0", fmt)
-        found, baseline, family = applied_plan(rows, paths, plan, baseline)
+        applied = applied_plan(rows, paths, plan, baseline)
+        found, baseline, family = applied.plan, applied.baseline, applied.family
         tolerance = None if allow_size_mismatch else SIZE_TOLERANCE
         if crossover:
-            return _print_crossover(rows, crossover, baseline, plot, found, family, tolerance,
+            return _print_crossover(rows, crossover, applied, plot, tolerance,
                                     compact=fmt == "table" and not details)
         analysis = analyse_rows(rows, found, baseline, family, fits=fmt != "csv" or bool(plot),
                                 size_tolerance=tolerance)
         summary, fits = analysis.summary, analysis.fits
         compact = fmt == "table" and not details
-        _print_plan_line(found.describe(rows, analysis.tests) if found else NO_PLAN, fmt, compact)
+        _print_plan_line(applied.describe(rows, analysis.tests), fmt, compact)
         print(render(summary, fmt, family, details))
         if fits and fmt != "csv":
             print("\n" + render_scaling(fits, fmt, 1 - family.alpha, details))
@@ -350,10 +374,11 @@ def _print_mlperf(rows, baseline: str, fmt: str) -> int:
     return 0
 
 
-def _print_crossover(rows, arm: str, baseline: str, plot: str | None, plan: Plan | None,
-                     family: Family, size_tolerance: float | None, compact: bool) -> int:
+def _print_crossover(rows, arm: str, applied: AppliedPlan, plot: str | None, size_tolerance: float | None,
+                     compact: bool) -> int:
     from maskbench.results.crossover import correct_cells, crossover_cells, plot_crossover, render_cells
 
+    baseline, family = applied.baseline, applied.family
     measured = sorted({row["arm"] for row in rows if not row["source"]})
     if arm not in measured:  # a typo, not an empty map: bad input
         raise ValueError(f"--crossover {arm}: no such arm in these rows; they have {', '.join(measured)}")
@@ -364,7 +389,7 @@ def _print_crossover(rows, arm: str, baseline: str, plot: str | None, plan: Plan
               "and budget", file=sys.stderr)
         return 1
     cells, tests = correct_cells(cells, family)
-    _print_plan_line(plan.describe(rows, tests) if plan else NO_PLAN, "table" if compact else "markdown", compact)
+    _print_plan_line(applied.describe(rows, tests), "table" if compact else "markdown", compact)
     print(render_cells(cells, family, compact))
     if compact:
         print("\n" + DETAILS_HINT)
