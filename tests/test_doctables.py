@@ -157,3 +157,23 @@ def test_a_comparison_against_another_baseline_is_read_exploratory_and_only_when
     compared = [line for line in answer.splitlines() if "| paired | 3 pairs |" in line]
     assert [line.split(" | ")[4:6] for line in compared] == [["mask0", "fid"], ["mask0", "val_loss"]]
     assert all(line.endswith("| exploratory |") for line in compared)
+
+
+def test_the_literature_mask0_is_set_against_the_fair_studys_in_combined_sampling_errors(tmp_path):
+    """The plan's reproducibility check: each of the literature study's `mask0` rows beside the fair study's of
+    the same seed and horizon, the difference over the two rows' errors in quadrature; rows without a partner
+    (another seed, another arm) are not shown."""
+    from maskbench.results.leaderboard import append_rows
+    from tests.test_scaling import curve_rows
+
+    fair = curve_rows("mask0", 0, 0.30, 0.60)
+    here = curve_rows("mask0", 0, 0.30, 0.60, scale={1.0: 1.01}) + curve_rows("mask0", 5, 0.30, 0.60) + \
+        curve_rows("tread50", 0, 0.30, 0.60)
+    for study, rows in (("fair", fair), ("literature", here)):
+        (tmp_path / "results" / study).mkdir(parents=True)
+        append_rows(tmp_path / "results" / study / "leaderboard.csv", rows)
+    lines = doctables.literature_mask0_reproduced(tmp_path).splitlines()[2:]
+    assert len(lines) == 6 and all(line.startswith("| 0 | ") for line in lines)  # seed 0's six horizons only
+    assert "(+0.00 SE)" in lines[0] and "(−0.00 SE)" not in lines[0]
+    # at B the loss is 1% higher: 0.01·truth over (0.01·truth)·√2 = 0.71 SE, and FD likewise
+    assert lines[-1].startswith("| 0 | 1 | ") and lines[-1].count("(+0.71 SE)") == 2

@@ -583,6 +583,25 @@ def _not_read_yet(root: Path, study: str, csv_path: str) -> str:
             "nothing before every cell is.")
 
 
+def literature_mask0_reproduced(root: Path) -> str:
+    """The plan's reproducibility check: this study's `mask0` rows against the fair study's of the same seed and
+    horizon (same code path and draws, another CPU), each metric's difference in the two rows' sampling errors in
+    quadrature."""
+    fair = {(r["seed"], r["point"]): r for r in _rows(root, FAIR) if r["arm"] == "mask0"}
+    lines = []
+    for row in sorted((r for r in _rows(root, LITERATURE) if r["arm"] == "mask0"), key=lambda r: (r["seed"], r["point"])):
+        if (before := fair.get((row["seed"], row["point"]))) is None:
+            continue
+        cells = []
+        for metric, spec in (("val_loss", ".4f"), ("fid", ".0f")):
+            combined = math.hypot(row[f"{metric}_se"], before[f"{metric}_se"])
+            delta = row[metric] - before[metric]
+            cells.append(f"{row[metric]:{spec}} / {before[metric]:{spec}} ({_signed(delta / combined, '.2f')} SE)")
+        lines.append([str(row["seed"]), str(Fraction(row["point"]).limit_denominator()), str(row["step"]), *cells])
+    return _table(("seed", "horizon (of B)", "step", "val loss: here / fair study (Δ in SEs)",
+                   "oracle FD: here / fair study (Δ in SEs)"), lines)
+
+
 def fair_headline(root: Path) -> str:
     """The fair study's answer for the README: each masked arm's verdict at B by the plan's rule in one sentence,
     where the gap goes as compute grows and each arm's C*; the verdict table itself (the difference at B, M(B),
@@ -689,6 +708,7 @@ TABLES: dict[str, DocTable] = {
     "fair-answer": DocTable((FAIR,), functools.partial(study_answer, study="fair", csv_path=FAIR)),
     "literature-answer": DocTable((LITERATURE,), functools.partial(study_answer, study="literature",
                                                                    csv_path=LITERATURE)),
+    "literature-mask0-reproduced": DocTable((LITERATURE, FAIR), literature_mask0_reproduced),
     "literature-repa-control": DocTable((LITERATURE,), functools.partial(
         study_answer, study="literature", csv_path=LITERATURE, baseline="repa_random", arms=("repa", "repa_random"))),
     "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
