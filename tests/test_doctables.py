@@ -177,3 +177,19 @@ def test_the_literature_mask0_is_set_against_the_fair_studys_in_combined_samplin
     assert "(+0.00 SE)" in lines[0] and "(−0.00 SE)" not in lines[0]
     # at B the loss is 1% higher: 0.01·truth over (0.01·truth)·√2 = 0.71 SE, and FD likewise
     assert lines[-1].startswith("| 0 | 1 | ") and lines[-1].count("(+0.71 SE)") == 2
+
+
+def test_the_trajectory_table_reads_its_csv_and_marks_a_step_a_run_never_reached(tmp_path):
+    """Each run's row of results/literature/trajectories.csv, as `python -m maskbench.results.trajectory` wrote it;
+    a step past the run's end is '–', not 0."""
+    import io
+
+    from maskbench.results.trajectory import Trajectory, write_csv
+
+    short = Trajectory("mask0", 2, "r", 164, 221.3, 36, 10.17, None, None, 0.8205, None, None, 0.6834)
+    out = io.StringIO()
+    write_csv([short], out)
+    (tmp_path / "results" / "literature").mkdir(parents=True)
+    (tmp_path / doctables.TRAJECTORIES).write_text(out.getvalue())
+    row = doctables.literature_trajectories(tmp_path).splitlines()[2]
+    assert row == "| `mask0` | 2 | 221 (36) | 10.2 / – / – | 0.821 / – / – | 0.683 |"

@@ -517,6 +517,7 @@ def config_key_table(root: Path) -> str:
 
 FAIR = "results/fair/leaderboard.csv"
 LITERATURE = "results/literature/leaderboard.csv"
+TRAJECTORIES = "results/literature/trajectories.csv"
 
 
 def _grid_axis(root: Path, study: str, key: str) -> list[str]:
@@ -600,6 +601,23 @@ def literature_mask0_reproduced(root: Path) -> str:
         lines.append([str(row["seed"]), str(Fraction(row["point"]).limit_denominator()), str(row["step"]), *cells])
     return _table(("seed", "horizon (of B)", "step", "val loss: here / fair study (Δ in SEs)",
                    "oracle FD: here / fair study (Δ in SEs)"), lines)
+
+
+def literature_trajectories(root: Path) -> str:
+    """results/literature/trajectories.csv (`python -m maskbench.results.trajectory`): each run's early block-norm
+    spike, its objective and grad norm through it. Exploratory diagnostics, not the plan's metrics."""
+    with (root / TRAJECTORIES).open(newline="") as f:
+        runs = list(csv.DictReader(f))
+
+    def cell(run: dict, column: str) -> str:
+        return _g(float(run[column])) if run[column] else "–"
+
+    return _table(("arm", "seed", "peak block norm (step)", "block norm at step 100 / 300 / 500",
+                   "objective at step 100 / 300 / 500", "median grad norm, steps 100-500"),
+                  [[f"`{run['arm']}`", run["seed"], f"{cell(run, 'peak_block_norm')} ({run['peak_step']})",
+                    " / ".join(cell(run, f"block_norm_{step}") for step in (100, 300, 500)),
+                    " / ".join(cell(run, f"objective_{step}") for step in (100, 300, 500)),
+                    cell(run, "grad_norm_median_100_500")] for run in runs])
 
 
 def fair_headline(root: Path) -> str:
@@ -709,6 +727,7 @@ TABLES: dict[str, DocTable] = {
     "literature-answer": DocTable((LITERATURE,), functools.partial(study_answer, study="literature",
                                                                    csv_path=LITERATURE)),
     "literature-mask0-reproduced": DocTable((LITERATURE, FAIR), literature_mask0_reproduced),
+    "literature-trajectories": DocTable((TRAJECTORIES,), literature_trajectories),
     "literature-repa-control": DocTable((LITERATURE,), functools.partial(
         study_answer, study="literature", csv_path=LITERATURE, baseline="repa_random", arms=("repa", "repa_random"))),
     "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
