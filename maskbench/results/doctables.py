@@ -45,7 +45,7 @@ from maskbench.results.multiplicity import Family
 from maskbench.results.report import Analysis, analyse_rows, applied_plan
 from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import Summary, gap_in_ses
-from maskbench.results.tables import crossover_reading, headline, render, render_scaling, render_verdicts
+from maskbench.results.tables import headline, render, render_scaling, render_verdicts
 from maskbench.results.targets import Target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -621,24 +621,18 @@ def literature_trajectories(root: Path) -> str:
 
 
 def fair_headline(root: Path) -> str:
-    """The fair study's answer for the README: each masked arm's verdict at B by the plan's rule in one sentence,
-    where the gap goes as compute grows and each arm's C*; the verdict table itself (the difference at B, M(B),
-    the held-out check, FD and validation loss side by side) is docs/studies.md's, in `study_answer`."""
+    """The fair study's answer for the README: each masked arm's verdict at B by the plan's rule in one sentence
+    and where the gap goes as compute grows; the verdict table itself (the difference at B, M(B), the held-out
+    check, C*, FD and validation loss side by side) is docs/studies.md's, in `study_answer`."""
     read = _pinned_analysis(root, "fair", FAIR)
     if read is None:
         return _not_read_yet(root, "fair", FAIR)
-    _, analysis, family = read
-    fits = {fit.metric: fit for fit in analysis.fits}
-    arms = [arm.arm for fit in analysis.fits for arm in fit.arms if arm.multipliers]
-    crossings = _table(("arm", *(f"crossover C* on {get_metric(m).label}: M(C) = 1 (95% CI)" for m in fits)),
-                       [[f"`{arm}`", *(crossover_reading(fit, next(a for a in fit.arms if a.arm == arm))
-                                       for fit in fits.values())] for arm in dict.fromkeys(arms)])
+    _, analysis, _ = read
     return "\n\n".join([headline(analysis.verdicts),
-                         "Each verdict's tests (the difference at B, M(B), the held-out check, Holm) are in "
-                         "[docs/studies.md](docs/studies.md#where-the-answer-stands).",
+                         "Each verdict's tests (the difference at B, M(B), the held-out check, Holm) and where each "
+                         "arm's M falls to 1 (C*) are in [docs/studies.md](docs/studies.md#where-the-answer-stands).",
                          "Where the gap goes as compute grows (reported, not tested):",
-                         "\n".join(_gap_trend(fit) for fit in fits.values()),
-                         "Where each arm's fitted compute multiplier falls to 1 (reported, not tested):", crossings])
+                         "\n".join(_gap_trend(fit) for fit in analysis.fits)])
 
 
 def _gap_trend(fit: GroupFit) -> str:
