@@ -635,6 +635,15 @@ def fair_headline(root: Path) -> str:
                          "\n".join(_gap_trend(fit) for fit in analysis.fits)])
 
 
+def literature_headline(root: Path) -> str:
+    """The literature re-run's verdicts in one sentence for the README, pointing to its reading."""
+    read = _pinned_analysis(root, "literature", LITERATURE)
+    if read is None:
+        return _not_read_yet(root, "literature", LITERATURE)
+    return (f"{headline(read[1].verdicts)} The tests, FD and validation loss side by side, and REPA against its "
+            "control: [docs/studies.md](docs/studies.md#the-literature-arms-at-the-baselines-size-3-seeds).")
+
+
 def _gap_trend(fit: GroupFit) -> str:
     """One metric's compute curves in a line: each arm's M from the first horizon to B, how many arms' M rises
     or falls with compute (the trend's interval wholly above or below 0), how well the curves fit (χ²/dof) and
@@ -721,6 +730,7 @@ TABLES: dict[str, DocTable] = {
     "literature-answer": DocTable((LITERATURE,), functools.partial(study_answer, study="literature",
                                                                    csv_path=LITERATURE)),
     "literature-mask0-reproduced": DocTable((LITERATURE, FAIR), literature_mask0_reproduced),
+    "literature-headline": DocTable((LITERATURE,), literature_headline),
     "literature-trajectories": DocTable((TRAJECTORIES,), literature_trajectories),
     "literature-repa-control": DocTable((LITERATURE,), functools.partial(
         study_answer, study="literature", csv_path=LITERATURE, baseline="repa_random", arms=("repa", "repa_random"))),
