@@ -168,10 +168,13 @@ def test_the_literature_mask0_is_set_against_the_fair_studys_in_combined_samplin
     fair = curve_rows("mask0", 0, 0.30, 0.60)
     here = curve_rows("mask0", 0, 0.30, 0.60, scale={1.0: 1.01}) + curve_rows("mask0", 5, 0.30, 0.60) + \
         curve_rows("tread50", 0, 0.30, 0.60)
-    for study, rows in (("fair", fair), ("literature", here)):
+    rerun = [dict(here[5], val_loss=here[5]["val_loss"] + 1e-12)]   # a rerun of seed 0 at B, one rounding off
+    for study, rows in (("fair", fair), ("literature", here), ("literature/seed1_check", rerun)):
         (tmp_path / "results" / study).mkdir(parents=True)
         append_rows(tmp_path / "results" / study / "leaderboard.csv", rows)
-    lines = doctables.literature_mask0_reproduced(tmp_path).splitlines()[2:]
+    table, rerun_line = doctables.literature_mask0_reproduced(tmp_path).split("\n\n")
+    assert "seed 0 at 1 of B" in rerun_line and "bit for bit" not in rerun_line  # any difference is named
+    lines = table.splitlines()[2:]
     assert len(lines) == 6 and all(line.startswith("| 0 | ") for line in lines)  # seed 0's six horizons only
     assert "(+0.00 SE)" in lines[0] and "(−0.00 SE)" not in lines[0]
     # at B the loss is 1% higher: 0.01·truth over (0.01·truth)·√2 = 0.71 SE, and FD likewise

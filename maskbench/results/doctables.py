@@ -47,6 +47,7 @@ from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import Summary, gap_in_ses
 from maskbench.results.tables import headline, render, render_scaling, render_verdicts
 from maskbench.results.targets import Target
+from maskbench.results.trajectory import STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 START = re.compile(r"^<!-- table: ([a-z0-9-]+) -->$")
@@ -518,6 +519,7 @@ def config_key_table(root: Path) -> str:
 FAIR = "results/fair/leaderboard.csv"
 LITERATURE = "results/literature/leaderboard.csv"
 TRAJECTORIES = "results/literature/trajectories.csv"
+SEED1_CHECK = "results/literature/seed1_check/leaderboard.csv"
 
 
 def _grid_axis(root: Path, study: str, key: str) -> list[str]:
@@ -600,7 +602,21 @@ def literature_mask0_reproduced(root: Path) -> str:
             cells.append(f"{row[metric]:{spec}} / {before[metric]:{spec}} ({_signed(delta / combined, '.2f')} SE)")
         lines.append([str(row["seed"]), str(Fraction(row["point"]).limit_denominator()), str(row["step"]), *cells])
     return _table(("seed", "horizon (of B)", "step", "val loss: here / fair study (Δ in SEs)",
-                   "oracle FD: here / fair study (Δ in SEs)"), lines)
+                   "oracle FD: here / fair study (Δ in SEs)"), lines) + _rerun_here(root)
+
+
+def _rerun_here(root: Path) -> str:
+    """results/literature/seed1_check: the fair study's commit rerun on this study's machine, each of its rows set
+    against this study's row of the same seed and horizon, exactly (to find which of two differing rows is odd)."""
+    here = {(r["seed"], r["point"]): r for r in _rows(root, LITERATURE) if r["arm"] == "mask0"}
+    found = []
+    for row in _rows(root, SEED1_CHECK):
+        other = here[(row["seed"], row["point"])]
+        same = all(row[m] == other[m] for m in ("val_loss", "fid"))
+        found.append(f"seed {row['seed']} at {Fraction(row['point']).limit_denominator()} of B, val loss "
+                     f"{row['val_loss']!r}, FD {row['fid']!r}: " + ("equal to this study's row bit for bit" if same
+                     else f"this study's: {other['val_loss']!r}, {other['fid']!r}"))
+    return "\n\nThe fair study's commit rerun on this study's machine (`" + SEED1_CHECK + "`): " + "; ".join(found) + "."
 
 
 def literature_trajectories(root: Path) -> str:
@@ -612,11 +628,12 @@ def literature_trajectories(root: Path) -> str:
     def cell(run: dict, column: str) -> str:
         return _g(float(run[column])) if run[column] else "–"
 
-    return _table(("arm", "seed", "peak block norm (step)", "block norm at step 100 / 300 / 500",
-                   "objective at step 100 / 300 / 500", "median grad norm, steps 100-500"),
+    at = " / ".join(map(str, STEPS))
+    return _table(("arm", "seed", "peak block norm (step)", f"block norm at step {at}", f"objective at step {at}",
+                   f"median grad norm, steps {STEPS[0]}-{STEPS[-1]}"),
                   [[f"`{run['arm']}`", run["seed"], f"{cell(run, 'peak_block_norm')} ({run['peak_step']})",
-                    " / ".join(cell(run, f"block_norm_{step}") for step in (100, 300, 500)),
-                    " / ".join(cell(run, f"objective_{step}") for step in (100, 300, 500)),
+                    " / ".join(cell(run, f"block_norm_{step}") for step in STEPS),
+                    " / ".join(cell(run, f"objective_{step}") for step in STEPS),
                     cell(run, "grad_norm_median_100_500")] for run in runs])
 
 
@@ -640,7 +657,8 @@ def literature_headline(root: Path) -> str:
     read = _pinned_analysis(root, "literature", LITERATURE)
     if read is None:
         return _not_read_yet(root, "literature", LITERATURE)
-    return (f"{headline(read[1].verdicts)} The tests, FD and validation loss side by side, and REPA against its "
+    _, analysis, _ = read
+    return (f"{headline(analysis.verdicts)} The tests, FD and validation loss side by side, and REPA against its "
             "control: [docs/studies.md](docs/studies.md#the-literature-arms-at-the-baselines-size-3-seeds).")
 
 
@@ -729,7 +747,7 @@ TABLES: dict[str, DocTable] = {
     "fair-answer": DocTable((FAIR,), functools.partial(study_answer, study="fair", csv_path=FAIR)),
     "literature-answer": DocTable((LITERATURE,), functools.partial(study_answer, study="literature",
                                                                    csv_path=LITERATURE)),
-    "literature-mask0-reproduced": DocTable((LITERATURE, FAIR), literature_mask0_reproduced),
+    "literature-mask0-reproduced": DocTable((LITERATURE, FAIR, SEED1_CHECK), literature_mask0_reproduced),
     "literature-headline": DocTable((LITERATURE,), literature_headline),
     "literature-trajectories": DocTable((TRAJECTORIES,), literature_trajectories),
     "literature-repa-control": DocTable((LITERATURE,), functools.partial(

@@ -1,8 +1,8 @@
 """A run's early training trajectory in a few numbers, read from its folder: the backbone's feature-norm spike,
 how long it lasts, the objective and the gradient norm through it.
 
-Why: in the literature re-run every arm's block outputs spike early while the loss sits near that of predicting
-zero, and `maskdit50`'s spike lasts hundreds of steps longer (docs/studies.md). A reading that says so must come
+Why: in the literature re-run every arm's block outputs spike early while the loss is still high, and
+`maskdit50`'s spike lasts hundreds of steps longer (docs/studies.md). A reading that says so must come
 from a committed CSV and a command that rebuilds it from the run folders, so these are those numbers. They are
 exploratory diagnostics, not a plan's metrics: the objective is each arm's own training loss (REPA's includes its
 negative alignment term, MaskDiT's its reconstruction term), so it is comparable across seeds of one arm only.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-STEPS = (100, 300, 500)   # where the spike is read: after every arm's but maskdit50's has settled, and later
+STEPS = (100, 300, 500)   # where the spike is read (Trajectory's fields name them): after most arms' has settled
 WINDOW = 25               # steps in the objective's running mean (one step's loss is one batch: noisy)
 
 
@@ -66,9 +66,8 @@ def read_trajectory(run: Path) -> Trajectory:
     return Trajectory(
         arm=config["arm"]["name"], seed=int(config["seed"]), run=run.name, steps=len(lines),
         peak_block_norm=norms[peak], peak_step=peak,
-        block_norm_100=_at(norms, 100), block_norm_300=_at(norms, 300), block_norm_500=_at(norms, 500),
-        objective_100=_mean_ending(objective, 100), objective_300=_mean_ending(objective, 300),
-        objective_500=_mean_ending(objective, 500),
+        **{f"block_norm_{step}": _at(norms, step) for step in STEPS},
+        **{f"objective_{step}": _mean_ending(objective, step) for step in STEPS},
         grad_norm_median_100_500=statistics.median(grad) if grad else None)
 
 
