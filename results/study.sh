@@ -5,9 +5,10 @@
 #   kill -TERM <pid>                                     # stops at the end of a step (a checkpoint resumes it)
 #
 # The code is a worktree pinned at COMMIT beside this checkout (../STUDY-study), so later commits on main never
-# change a row; `maskbench sweep study=STUDY` runs there and appends to results/STUDY/leaderboard.csv (commit it
-# as cells finish). A cell cut short in an earlier sitting whose run directory is gone restarts from its
-# beginning: drop its rows first (`... --status` lists it as partial).
+# change a row; `maskbench sweep study=STUDY` runs there and appends to results/STUDY/leaderboard.csv, or to
+# $STUDY_CSV where a study's rows live in another study's folder (commit them as cells finish). A cell cut
+# short in an earlier sitting whose run directory is gone restarts from its beginning: drop its rows first
+# (`... --status` lists it as partial).
 set -euo pipefail
 STUDY="$1" COMMIT="$2"
 shift 2
@@ -20,4 +21,4 @@ fi
 . "$ROOT/.venv/bin/activate"
 cd "$TREE"
 exec env PYTHONPATH="$TREE" python -m maskbench sweep "study=$STUDY" \
-  paths.leaderboard="$ROOT/results/$STUDY/leaderboard.csv" paths.data="$ROOT/data" paths.runs="$TREE/runs" "$@"
+  paths.leaderboard="${STUDY_CSV:-$ROOT/results/$STUDY/leaderboard.csv}" paths.data="$ROOT/data" paths.runs="$TREE/runs" "$@"
