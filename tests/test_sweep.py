@@ -55,8 +55,10 @@ def test_emit_prints_one_launch_line_per_run_and_a_valid_slurm_script(capsys, tm
     (fake / "srun").write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
     (fake / "srun").chmod(0o755)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": "1"}
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout.split()
+    *out, last = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                                check=True).stdout.splitlines()
     assert out[-3:] == ["arm=mask75", "eval.points=[0.5,1.0]", empty] and out[:2] == ["accelerate", "launch"]
+    assert last == "maskbench: exit 0: finished, not requeued"  # tests/test_slurm.py: when it requeues
 
 
 def test_sweep_runs_the_grid_here(tmp_path, synth_root):

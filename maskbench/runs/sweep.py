@@ -210,6 +210,66 @@ def _plain_seed(combo: list[str]) -> int | None:
 # CPUs per GPU process for its loader workers: results/loader_workers.csv needs 1-3 per H100 unmasked and 11 for
 # dit_b2 at 75% masking; 8 is a node's usual share (raise it with the script's header for small masked models).
 CPUS_PER_GPU = 8
+# An array task restarted this many times (SLURM_RESTART_COUNT: by its own requeues, preemptions and node failures
+# together) is not requeued again: at --time=24:00:00, about 11 days of a cell's time limits.
+MAX_RESTARTS = 10
+# torchrun's agent (behind `accelerate launch` of several processes), on the time-limit SIGTERM, gives its ranks
+# this long to save before it SIGKILLs them (its default is 30 s); under the 300 s the signal leaves.
+SHUTDOWN_S = 240
+SLURM_HEADER = """\
+#!/bin/bash
+#SBATCH --job-name=maskbench-sweep --array=0-{last}
+#SBATCH --nodes=1 --ntasks-per-node=1 --gpus-per-node={nproc} --cpus-per-task={cpus}
+#SBATCH --time=24:00:00 --signal=TERM@300 --requeue --open-mode=append --output=maskbench-%A_%a.out
+# One array task per run; a rerun of the same overrides resumes from the run's last checkpoint. Set --time to your
+# queue's limit. What happens when a task is stopped:
+# - Time limit. 300 s before --time (Slurm may send it up to 60 s earlier) every process of the run, not this
+#   script, gets SIGTERM: each saves a checkpoint at the end of its step and the run exits 130 (143 through
+#   accelerate's launcher of several processes, which got the signal too). This script then requeues its own task
+#   (scontrol requeue), which resumes from that checkpoint, unless it was restarted {max_restarts} times already.
+#   A finished run (exit 0) and a failed one (any other code) are not requeued.
+# - Preemption. The partition's PreemptMode decides: REQUEUE sends SIGTERM to the run and to this script, which
+#   then ends without requeueing, and Slurm requeues the task itself (--requeue), which resumes from the last
+#   checkpoint the run wrote (it saves on that SIGTERM if the grace time lets it); CANCEL ends the task: rerun the
+#   sweep's --emit, which leaves done cells out, and the partial cells resume.
+# - Node failure. Slurm requeues the task (--requeue) with no signal: it resumes from its last checkpoint (each
+#   eval point and every train.checkpoint_minutes).
+# --cpus-per-task feeds the loader workers (sized from the CPUs a task sees: with one CPU there would be none).
+set -f  # overrides such as eval.points=[0.5,1.0] must not glob
+MAX_RESTARTS={max_restarts}
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown_s}  # torchrun's wait for its ranks to save (its default: 30 s)
+trap 'echo "maskbench: SIGTERM to the job script (preemption or scancel): not requeued here"; exit 143' TERM
+"""
+SLURM_FOOTER = """\
+status=$?
+restarts=${SLURM_RESTART_COUNT:-0}
+if [ "$status" != 130 ] && [ "$status" != 143 ]; then
+  echo "maskbench: exit $status: $([ "$status" = 0 ] && echo finished || echo failed), not requeued"
+elif [ "$restarts" -ge "$MAX_RESTARTS" ]; then
+  echo "maskbench: stopped by the time-limit signal after $restarts restarts: not requeued (at most $MAX_RESTARTS)"
+else
+  echo "maskbench: stopped by the time-limit signal (exit $status); requeueing, restart $((restarts + 1))"
+  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+fi
+exit "$status"
+"""
+
+
+def slurm_script(runs: list[tuple[list[str], RunConfig]], nproc: int) -> str:
+    """A SLURM array script whose task i trains combination i and requeues itself when the time limit stopped it.
+
+    One process runs without a launcher: accelerate's single-process launcher, signalled with it, would kill the
+    run 5 s later, before a large checkpoint is written; several go through `accelerate launch` (torchrun).
+    """
+    launcher = "python" if nproc == 1 else f"accelerate launch --num_processes {nproc}"
+    return "\n".join([
+        SLURM_HEADER.format(last=len(runs) - 1, nproc=nproc, cpus=CPUS_PER_GPU * nproc, max_restarts=MAX_RESTARTS,
+                            shutdown_s=SHUTDOWN_S) + "RUNS=(",
+        *[f"  {shlex.quote(' '.join(combo))}  # {run_id(cfg)}" for combo, cfg in runs],
+        ")",
+        f"srun {launcher} -m maskbench run ${{RUNS[$SLURM_ARRAY_TASK_ID]}}",
+        SLURM_FOOTER.rstrip("\n"),
+    ])
 
 
 def launch_lines(runs: list[tuple[list[str], RunConfig]], launcher: str, nproc: int) -> str:
@@ -219,19 +279,4 @@ def launch_lines(runs: list[tuple[list[str], RunConfig]], launcher: str, nproc: 
         return "\n".join(f"accelerate launch --num_processes {nproc} -m maskbench run {a}" for a in args)
     if launcher == "torchrun":
         return "\n".join(f"torchrun --nproc_per_node {nproc} -m maskbench run {a}" for a in args)
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name=maskbench-sweep --array=0-{len(args) - 1}",
-        f"#SBATCH --nodes=1 --ntasks-per-node=1 --gpus-per-node={nproc} --cpus-per-task={CPUS_PER_GPU * nproc}",
-        "#SBATCH --time=24:00:00 --signal=TERM@300 --requeue --open-mode=append --output=maskbench-%A_%a.out",
-        "# One array task per run. --time: set your queue's limit; 5 minutes before it (--signal) every process",
-        "# gets SIGTERM, saves a checkpoint at the end of its step and stops, and the requeued task resumes it,",
-        "# because a rerun of the same overrides resumes. --cpus-per-task feeds the loader workers (sized from",
-        "# the CPUs a task sees: with one CPU there would be none).",
-        "set -f  # overrides such as eval.points=[0.5,1.0] must not glob",
-        "RUNS=(",
-        *[f"  {shlex.quote(' '.join(combo))}  # {run_id(cfg)}" for combo, cfg in runs],
-        ")",
-        f'srun accelerate launch --num_processes {nproc} -m maskbench run ${{RUNS[$SLURM_ARRAY_TASK_ID]}}',
-    ]
-    return "\n".join(lines)
+    return slurm_script(runs, nproc)
