@@ -24,28 +24,22 @@
 #              Inductor, without its code generation), and each arm's draws (t, dropout, noise) against mask0's
 #   ddp        two processes on the one GPU (torchrun, gloo) sweeping maskdit50 and mask75_until_cosine (its rule
 #              checked every 2 steps) across their switches: DDP with a parameter idle in one phase, the probe
-# A failed step does not stop the others. After every step the report is rewritten, so whatever has run is
-# reported even if the whole command is cut short; at the end the logs and grids are packed.
+# A failed step does not stop the others. The steps that measure several items (env's findings, kernels' rows,
+# arms) write each the moment it exists, so a step cut by its limit is reported as "timed out after N of M items"
+# with those N. After every step the report is rewritten, so whatever has run is reported even if the whole
+# command is cut short; at the end the logs and grids are packed.
 #
 # Results, and nothing else, go under DIR (default: results/): gpu_check.json (each step's status, seconds,
-# limit and first error line, then the figures) and gpu_check.tar.gz (logs/, grids/, the runs' metrics and
+# limit, items and first error line, then the figures) and gpu_check.tar.gz (logs/, grids/, the runs' metrics and
 # eval records). The data and runs live in GPU_CHECK_DIR (default: a fresh temporary folder). GPU_CHECK_ARMS
-# limits the arms step to the arms named (default: every shipped arm).
+# limits the arms step to the arms named (default: every shipped arm); GPU_CHECK_LIMIT_S forces every step's
+# limit, GPU_CHECK_STEPS runs some steps only (benchmarks/device/steps.sh).
 # Exit status: 0 when every step passed (or when there is no GPU: one line says so), 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-mode=gpu out=${GPU_CHECK_OUT:-results} plan=0
-while [ $# -gt 0 ]; do
-  case $1 in
-    --cpu) mode=cpu ;;
-    --out) out=$2; shift ;;
-    --plan) plan=1 ;;
-    *) echo "usage: bash benchmarks/gpu_check.sh [--cpu] [--out DIR] [--plan]" >&2; exit 2 ;;
-  esac
-  shift
-done
-KILL_S=3
+NAME=gpu_check STEPS=env,kernels,standins,synth,encode,reference,train,arms,ddp
+. benchmarks/device/steps.sh
+parse_args "$@"
 if [ "$mode" = cpu ]; then  # toy sizes, Triton interpreted where installed, no Inductor: checks the script
   L_ENV=60 L_KERNELS=60 L_STANDINS=60 L_SYNTH=60 L_ENCODE=120 L_REFERENCE=60 L_TRAIN=240 L_ARMS=1800 L_DDP=300
   n_train=128 n_val=32 batch=8 n_samples=8 val_samples=16 jobs=1 kernels_args="--smoke" arms_deadline=1700
@@ -61,57 +55,15 @@ else
   kernels=triton arm_budget=1.2e11 ddp_budget=2e11 sampler=8 backend=aot_eager
   ddp_threads=2
 fi
-if [ "$plan" = 1 ]; then
-  total=0
-  for s in ENV KERNELS STANDINS SYNTH ENCODE REFERENCE TRAIN ARMS DDP; do
-    limit=$(eval echo "\$L_$s"); total=$((total + limit + KILL_S))
-    printf '%s\t%s\n' "$(tr 'A-Z' 'a-z' <<< "$s")" "$limit"
-  done
-  printf 'total\t%s\n' "$total"  # every limit plus its kill grace: the longest the steps can take
-  exit 0
-fi
-if [ "$mode" = gpu ] && ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-  echo "gpu_check: needs a CUDA GPU and this machine has none; nothing was run (--cpu runs a toy-size dry run)"
-  exit 0
-fi
-work=${GPU_CHECK_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")}
-logs=$work/logs
-mkdir -p "$logs" "$out"
-: > "$logs/steps.tsv"
-failed=0
-
-report() {  # the JSON report of what has run so far (rewritten after every step); --pack also packs the tar
-  $PY benchmarks/gpu_check_report.py "$work" --mode "$mode" --out "$out/gpu_check.json" "$@" \
-    > "$logs/report.log" 2>&1 || { echo "gpu_check: the report failed:"; tail -3 "$logs/report.log"; }
-}
-finish() {
-  report --pack "$out/gpu_check.tar.gz"
-  echo "gpu_check: $([ $failed = 0 ] && echo all steps passed || echo some steps FAILED); report in $out/gpu_check.json, logs and grids in $out/gpu_check.tar.gz"
-}
-trap finish EXIT
-trap 'exit 143' TERM INT  # a stop from outside still writes the report and the tar (the EXIT trap)
-
-# step LIMIT_S NAME COMMAND...: one step under `timeout -k`; its output in logs/NAME.log, its line in steps.tsv
-step() {
-  local limit=$1 name=$2
-  shift 2
-  echo "== $name (at most ${limit}s): $*"
-  local start=$SECONDS
-  timeout -k "$KILL_S" "$limit" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$limit" >> "$logs/steps.tsv"
-  tail -2 "$logs/$name.log"
-  if [ $rc -eq 0 ]; then echo "== $name: ok in $((SECONDS - start))s"; else echo "== $name: FAILED ($rc)"; failed=1; fi
-  report
-}
+start
 
 cpu_flag=$([ "$mode" = cpu ] && echo --cpu)
-step "$L_ENV" env $PY benchmarks/device/env_check.py --out "$work/env.json" $cpu_flag
-step "$L_KERNELS" kernels $PY benchmarks/kernels.py $kernels_args --out "$work/kernels.csv"
+step env $PY benchmarks/device/env_check.py --out "$work/env.jsonl" $cpu_flag
+step kernels $PY benchmarks/kernels.py $kernels_args --out "$work/kernels.csv"
 
-step "$L_STANDINS" standins $PY -m maskbench.eval.standins "$work/standins"
+step standins $PY -m maskbench.eval.standins "$work/standins"
 vae=$work/standins/vae clip=local-dir:$work/standins/standin-clip inception=$work/standins/standin-inception.pt
-step "$L_SYNTH" synth $PY -m maskbench data synth paths.data="$work/data" data.n_train=$n_train data.n_val=$n_val
+step synth $PY -m maskbench data synth paths.data="$work/data" data.n_train=$n_train data.n_val=$n_val
 synth=$(ls -d "$work"/data/synth-*/ 2>/dev/null | head -1); synth=${synth%/}  # the folder, not its .lock
 encode() {  # both splits, 64 px -> 4x32x32 latents, with the 0.5 demotion
   for split in train val; do
@@ -121,11 +73,11 @@ encode() {  # both splits, 64 px -> 4x32x32 latents, with the 0.5 demotion
 }
 export PY work synth vae clip
 export -f encode
-step "$L_ENCODE" encode bash -c encode
-step "$L_REFERENCE" reference $PY -m maskbench eval reference "$work/latent/val" eval.inception_weights="$inception"
+step encode bash -c encode
+step reference $PY -m maskbench eval reference "$work/latent/val" eval.inception_weights="$inception"
 
 # Two loader workers: batches cross a process boundary (pinned on CUDA), in the data order of any worker count.
-step "$L_TRAIN" train $PY benchmarks/device/wrap.py --dynamo-out "$work/train_dynamo.json" -- run arm=mask75_then0 \
+step train $PY benchmarks/device/wrap.py --dynamo-out "$work/train_dynamo.json" -- run arm=mask75_then0 \
   data.path="$work/latent" $train_model model.kernels=$kernels train.compile=$train_compile train.batch_size=$batch \
   data.num_workers=2 budget.flops=$train_budget eval.points=[1.0] eval.n_samples=$n_samples \
   eval.val_samples=$val_samples eval.sampler_steps=$sampler eval.inception_weights="$inception" eval.clip_model="$clip" \
@@ -135,18 +87,19 @@ small="data.path=$synth paths.data=$work/data $toy model.kernels=$kernels train.
   eval.points=[1.0] eval.n_samples=8 eval.val_samples=16 eval.sampler_steps=2 eval.batch_size=16 eval.grid_size=4
   data.shuffle_buffer=32"
 arms=${GPU_CHECK_ARMS:-}
-step "$L_ARMS" arms $PY benchmarks/device/arms_check.py --work "$work/arms" --out "$work/arms.jsonl" --jobs $jobs \
+step arms $PY benchmarks/device/arms_check.py --work "$work/arms" --out "$work/arms.jsonl" --jobs $jobs \
   --backend $backend --deadline-s $arms_deadline ${arms:+--arms $arms} -- $small train.compile=true \
   budget.flops=$arm_budget
 
-rule=$($PY benchmarks/device/arms_check.py --work "$work/ddp" --rule-arm-only 2>/dev/null)
-ddp() {  # a sweep of the two arms on 2 processes sharing the GPU, then: did each cross its switch on both?
+ddp() {  # the rule arm's file, a sweep of the two arms on 2 processes sharing the GPU, then: did each cross its switch?
+  local rule
+  rule=$($PY benchmarks/device/arms_check.py --work "$work/ddp" --rule-arm-only) || return 1
   OMP_NUM_THREADS=$ddp_threads $PY -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/device/wrap.py \
     --gloo --dynamo-out "$work/ddp_dynamo.json" -- sweep "arm=maskdit50,$rule" $small train.compile=false \
     budget.flops=$ddp_budget paths.runs="$work/ddp/runs" paths.leaderboard="$work/ddp/leaderboard.csv" &&
   $PY benchmarks/gpu_check_report.py "$work" --check-switches "$work/ddp/runs"
 }
-export rule small ddp_budget ddp_threads
+export small ddp_budget ddp_threads
 export -f ddp
-step "$L_DDP" ddp bash -c ddp
+step ddp bash -c ddp
 exit "$failed"

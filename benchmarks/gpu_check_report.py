@@ -4,8 +4,10 @@
     python benchmarks/gpu_check_report.py WORK --check-switches RUNS   # exit 1 unless each run crossed its switch
 
 WORK is the check's working folder (GPU_CHECK_DIR): logs/steps.tsv (one line per step: name, exit status,
-seconds, limit), logs/NAME.log, env.json, kernels.csv, the train run, arms.jsonl and the ddp runs. Every part is
-optional: the report is written after each step, from whatever exists by then.
+seconds, limit), logs/NAME.log, env.jsonl, kernels.csv, the train run, arms.jsonl, step_time.csv and the ddp runs.
+Every part is optional: the report is written after each step, from whatever exists by then. The steps that
+measure several items write each the moment it exists (benchmarks/stream.py) and print how many they plan first,
+so a step cut by its time limit is reported as "timed out after N of M items", its N items in the report.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ ROW_FIELDS = ("point", "step", "train_flops", "gpu_hours", "device", "precision"
 KERNEL_FIELDS = ("op", "pass", "impl", "seq_len", "mask_ratio", "dtype", "ms", "gb_per_s", "pct_peak", "peak_gb_per_s",
                  "pct_copy", "copy_gb_per_s")
 TIMED_OUT = (124, 137)  # timeout's status after TERM, and after the KILL that follows -k
+ITEMS = {"env": "env.jsonl", "kernels": "kernels.csv", "arms": "arms.jsonl", "step_time": "step_time.csv"}
+PLANNED = re.compile(r"^items planned: (\d+)", re.MULTILINE)  # stream.announce's line
 EXCEPTION = re.compile(r"^\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Interrupt|Exit)\b:?")
 ERROR = re.compile(r"(error:|Error:|FAILED|FAIL:|Killed|Segmentation fault)")
 
@@ -42,6 +46,24 @@ def first_error_line(log: Path) -> str | None:
     return lines[-1][:400] if lines else None
 
 
+def items(work: Path, name: str) -> dict:
+    """A streaming step's items: how many it wrote and how many it planned (None: it was cut before it said)."""
+    path, log = work / ITEMS[name], work / "logs" / f"{name}.log"
+    planned = PLANNED.search(log.read_text(errors="replace")) if log.is_file() else None
+    done = len(read_jsonl(path) if path.suffix == ".jsonl" else read_csv(path))
+    return {"items_done": done, "items_planned": int(planned.group(1)) if planned else None}
+
+
+def timed_out(step: dict, error: str | None) -> str:
+    """'timed out after N of M items in Ls' for a step that streams its items, else 'timed out after Ls'; then the
+    log's last (or first error) line."""
+    last = f"; last: {error}" if error else "; no output"
+    if "items_done" not in step:
+        return f"timed out after {step['limit_s']}s{last}"
+    of = f" of {step['items_planned']}" if step["items_planned"] is not None else ""
+    return f"timed out after {step['items_done']}{of} items in {step['limit_s']}s{last}"
+
+
 def read_steps(work: Path) -> list[dict]:
     path = work / "logs" / "steps.tsv"
     rows = [line.split("\t") for line in path.read_text().splitlines()] if path.is_file() else []
@@ -49,10 +71,11 @@ def read_steps(work: Path) -> list[dict]:
     for name, rc, seconds, limit in rows:
         rc = int(rc)
         status = "ok" if rc == 0 else "timed out" if rc in TIMED_OUT else "failed"
-        step = {"name": name, "status": status, "rc": rc, "seconds": int(seconds), "limit_s": int(limit)}
+        step = {"name": name, "status": status, "rc": rc, "seconds": int(seconds), "limit_s": int(limit),
+                **(items(work, name) if name in ITEMS else {})}
         if rc:
             error = first_error_line(work / "logs" / f"{name}.log")
-            step["first_error"] = (f"timed out after {limit}s; last: {error}" if status == "timed out" else error)
+            step["first_error"] = timed_out(step, error) if status == "timed out" else error
         steps.append(step)
     return steps
 
@@ -62,7 +85,50 @@ def read_json(path: Path) -> dict | list | None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """The file's records; a line that does not parse (cut by a kill as it was written) is left out."""
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def read_env(path: Path) -> dict | None:
+    """env_check.py's lines as one record: Python, `packages` (each module's version and `MODULE_from`, its folder),
+    `import_seconds`, `cuda_available`, `gpu` (the device and each GPU measurement) and `problems`."""
+    lines = read_jsonl(path)
+    if not lines:
+        return None
+    env: dict = {"packages": {}, "import_seconds": {}, "problems": []}
+    for line in lines:
+        part = line.pop("part")
+        if problem := line.pop("problem", None):
+            env["problems"].append(problem)
+        if part == "package":
+            module = line["module"]
+            env["packages"][module] = line["version"]
+            if "from" in line:
+                env["packages"][f"{module}_from"], env["import_seconds"][module] = line["from"], line["seconds"]
+        elif part in ("python", "cuda"):
+            env.update(line)
+        else:
+            env.setdefault("gpu", {}).update(line)
+    return env
+
+
+def draws_match_mask0(arms: list[dict]) -> dict[str, bool]:
+    """Per arm but mask0: whether its draw digests equal mask0's at every step both took (an arm with no step, or no
+    mask0 to compare with, is left out)."""
+    base = next((r.get("draw_digests") for r in arms if r["arm"] == "mask0"), None)
+    matched = {}
+    for record in arms:
+        digests = record.get("draw_digests")
+        shared = min(len(base), len(digests)) if base and digests else 0
+        if shared and record["arm"] != "mask0":
+            matched[record["arm"]] = digests[:shared] == base[:shared]
+    return matched
 
 
 def run_summary(run: Path) -> dict:
@@ -93,7 +159,7 @@ def measured_mfu(rows: list[dict], env: dict | None) -> None:
 def report(work: Path, mode: str, planned: tuple[str, ...] = STEPS) -> dict:
     steps = read_steps(work)
     ran = {s["name"] for s in steps}
-    env = read_json(work / "env.json")
+    env = read_env(work / "env.jsonl")
     tables = {path.stem: read_csv(path) for path in sorted(work.glob("*.csv")) if path.stem != "kernels"}
     measured_mfu(tables.get("step_time", []), env)
     repro_log = work / "logs" / "repro.log"
@@ -104,7 +170,7 @@ def report(work: Path, mode: str, planned: tuple[str, ...] = STEPS) -> dict:
     train = [{**run_summary(run), "dynamo": read_json(work / "train_dynamo.json")}
              for run in runs_in(work / "train" / "runs")]
     ddp = [run_summary(run) for run in runs_in(work / "ddp" / "runs")]
-    paired = {r["arm"]: r.get("draws_match_mask0") for r in arms if r.get("draws_match_mask0") is not None}
+    paired = draws_match_mask0(arms)
     return {
         "mode": mode,
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -114,7 +180,8 @@ def report(work: Path, mode: str, planned: tuple[str, ...] = STEPS) -> dict:
         "env": env,
         "kernels": kernels,
         "train": train,
-        "arms": [{k: v for k, v in r.items() if k != "run_dir"} for r in arms],
+        "arms": [{**{k: v for k, v in r.items() if k not in ("run_dir", "draw_digests")},
+                  "draws_match_mask0": paired.get(r["arm"])} for r in arms],
         "arms_ok": f"{sum(r['status'] == 'ok' for r in arms)} of {len(arms)}" if arms else None,
         "draws_match_mask0": paired,
         "ddp": ddp,

@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
+from stream import announce, append_csv_row, fresh  # benchmarks/ is on sys.path when a script runs
 
 from maskbench.models.kernels import gather_tokens, scatter_tokens, triton_available
 
@@ -195,6 +195,44 @@ def interpreter_problem(shapes: Shapes, device: torch.device) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Bandwidth:
+    """What a row's GB/s is set against: the device, its peak (and where the figure comes from), a measured copy."""
+
+    device: str
+    peak: float | None
+    peak_source: str
+    copy: float | None
+
+    @classmethod
+    def measure(cls, cuda: bool) -> Bandwidth:
+        if not cuda:
+            return cls("cpu", None, "none: no HBM on a CPU", None)
+        return cls(torch.cuda.get_device_name(), *peak_gbps(), copy_gbps())
+
+
+def row(case: Case, op: str, direction: str, impl: str, ms: float, against: Bandwidth) -> dict:
+    """One timed op of one case: its bandwidth and its share of the peak and of the copy."""
+    gbps = min_bytes(op, direction, case) / ms / 1e6
+    return {"device": against.device, "op": op, "pass": direction, "impl": impl, "batch": case.batch,
+            "seq_len": case.L, "kept": case.K, "width": case.width, "mask_ratio": case.mask_ratio,
+            "dtype": str(case.dtype).removeprefix("torch."), "ms": round(ms, 4), "gb_per_s": round(gbps, 1),
+            "pct_peak": round(100 * gbps / against.peak, 1) if against.peak else None,
+            "peak_gb_per_s": against.peak, "peak_source": against.peak_source, "copy_gb_per_s": against.copy,
+            "pct_copy": round(100 * gbps / against.copy, 1) if against.copy else None}
+
+
+def usable_impls(shapes: Shapes, device: torch.device) -> list[str]:
+    """The implementations this machine can time: Triton's only where it compiles, or its interpreter works."""
+    impls = [impl for impl in IMPLS if impl != "triton" or triton_available()]
+    if "triton" in impls and device.type == "cpu" and (problem := interpreter_problem(shapes, device)):
+        impls.remove("triton")  # on a GPU the kernels are compiled: there a failure fails the check below
+        print(f"benchmarks/kernels.py: Triton's interpreter fails here ({problem})")
+    if "triton" not in impls:
+        print("benchmarks/kernels.py: triton is not usable here; timing the torch implementations only")
+    return impls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kernels.csv"))
@@ -209,16 +247,11 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first used, which is later
     shapes = SMOKE if args.smoke else QUICK if args.quick else FULL
     device = torch.device("cuda" if cuda else "cpu")
-    peak, peak_source = peak_gbps() if cuda else (None, "none: no HBM on a CPU")
-    copy = copy_gbps() if cuda else None
-    name = torch.cuda.get_device_name() if cuda else "cpu"
-    impls = [impl for impl in IMPLS if impl != "triton" or triton_available()]
-    if "triton" in impls and not cuda and (problem := interpreter_problem(shapes, device)):
-        impls.remove("triton")  # on a GPU the kernels are compiled: there a failure fails the check below
-        print(f"benchmarks/kernels.py: Triton's interpreter fails here ({problem})")
-    if "triton" not in impls:
-        print("benchmarks/kernels.py: triton is not usable here; timing the torch implementations only")
-    rows = []
+    impls = usable_impls(shapes, device)
+    out = fresh(args.out)
+    announce(len(shapes.seq_lens) * len(MASK_RATIOS) * len(impls) * 4, "rows: shape, implementation, op and pass")
+    against = Bandwidth.measure(cuda)
+    rows = 0
     for L in shapes.seq_lens:
         for mask_ratio in MASK_RATIOS:
             case = Case(L, mask_ratio, shapes, device)
@@ -226,19 +259,14 @@ def main() -> None:
             for impl in impls:
                 for op in ("drop", "restore"):
                     for direction, ms in time_op(case, op, impl).items():
-                        gbps = min_bytes(op, direction, case) / ms / 1e6
-                        pct = round(100 * gbps / peak, 1) if peak else None
-                        rows.append({"device": name, "op": op, "pass": direction, "impl": impl,
-                                     "batch": case.batch, "seq_len": L, "kept": case.K, "width": case.width,
-                                     "mask_ratio": mask_ratio, "dtype": str(case.dtype).removeprefix("torch."),
-                                     "ms": round(ms, 4), "gb_per_s": round(gbps, 1), "pct_peak": pct,
-                                     "peak_gb_per_s": peak, "peak_source": peak_source, "copy_gb_per_s": copy,
-                                     "pct_copy": round(100 * gbps / copy, 1) if copy else None})
-                        print(f"{op:8s}{direction:4s} L={L:5d} mask={mask_ratio:.2f} {impl:13s}"
-                              f"{ms:8.3f} ms {gbps:8.1f} GB/s" + (f" {pct:5.1f}% of {peak:.0f}" if peak else "")
-                              + (f", {100 * gbps / copy:5.1f}% of a copy's {copy:.0f}" if copy else ""))
-    write_rows(args.out, rows)
-    print(f"wrote {args.out} ({len(rows)} rows)")
+                        append_csv_row(out, timed := row(case, op, direction, impl, ms, against))
+                        rows += 1
+                        print(f"{op:8s}{direction:4s} L={L:5d} mask={mask_ratio:.2f} {impl:13s}{ms:8.3f} ms "
+                              f"{timed['gb_per_s']:8.1f} GB/s"
+                              + (f" {timed['pct_peak']:5.1f}% of {against.peak:.0f}" if against.peak else "")
+                              + (f", {timed['pct_copy']:5.1f}% of a copy's {against.copy:.0f}" if against.copy
+                                 else ""), flush=True)
+    print(f"wrote {out} ({rows} rows)")
 
 
 if __name__ == "__main__":

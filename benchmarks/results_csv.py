@@ -1,4 +1,5 @@
-"""The one way benchmarks write their figures: a CSV under results/, header from the rows."""
+"""The one way benchmarks write a whole table: a CSV under results/, header from the rows (a script whose figures
+must survive its being cut writes them row by row instead: stream.py)."""
 
 from __future__ import annotations
 

@@ -42,9 +42,10 @@ def test_the_gpu_plan_fits_one_device_command(script):
 
 
 def test_every_step_runs_under_timeout_with_a_kill_and_nothing_skips_the_report():
-    for script in ("benchmarks/gpu_check.sh", "benchmarks/device/gpu_bench.sh"):
+    steps = (REPO / "benchmarks" / "device" / "steps.sh").read_text()  # the machinery both commands source
+    assert 'timeout -k "$KILL_S" "$limit"' in steps and "trap finish EXIT" in steps
+    for script in ("benchmarks/gpu_check.sh", "benchmarks/device/gpu_bench.sh", "benchmarks/device/steps.sh"):
         text = (REPO / script).read_text()
-        assert 'timeout -k "$KILL_S" "$limit"' in text and "trap finish EXIT" in text
         assert "|| exit" not in text and not re.search(r"\bexit 1\b", text)
         # no console script on the device: every maskbench command is `python -m maskbench` (or the wrapper)
         assert not [line for line in text.splitlines() if line.lstrip().startswith("maskbench ")
@@ -75,6 +76,53 @@ def test_a_failing_step_is_reported_and_the_others_still_run(tmp_path):
     assert [s["name"] for s in report["steps"]] == STEPS and not report["all_passed"]
     assert all(s["status"] == "failed" for s in report["steps"])  # each ran, none was skipped by another's failure
     assert report["steps"][0]["first_error"] == "RuntimeError: boom in benchmarks/device/env_check.py"
+    # the rule arm's probe runs inside the ddp step, under its limit, its error in the step's log
+    assert report["steps"][-1]["first_error"] == "RuntimeError: boom in benchmarks/device/arms_check.py"
+
+
+def run_forced(script: str, tmp_path: Path, limit_s: int, steps: str) -> dict:
+    """`bash SCRIPT --cpu` with every step's limit forced to limit_s and only `steps` run: its JSON report."""
+    env = {**os.environ, "GPU_CHECK_DIR": str(tmp_path / "work"), "GPU_CHECK_LIMIT_S": str(limit_s),
+           "GPU_CHECK_STEPS": steps, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", script, "--cpu", "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    name = Path(script).stem
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"{name}.json", f"{name}.tar.gz"]
+    return json.loads((tmp_path / "out" / f"{name}.json").read_text())
+
+
+def cut_with(step: dict) -> int:
+    """The items a step cut by its limit finished, as its report line says them."""
+    assert step["status"] == "timed out", step
+    done, planned = step["items_done"], step["items_planned"]
+    of = f" of {planned}" if planned is not None else ""
+    assert step["first_error"].startswith(f"timed out after {done}{of} items in {step['limit_s']}s"), step
+    return done
+
+
+def test_a_step_cut_by_its_limit_keeps_the_items_it_finished(tmp_path):
+    """Every limit forced to 2 s: env is cut after Python's line (before the imports end) and reports what it
+    found; kernels is cut too, with its rows so far (or none, cut while importing torch)."""
+    report = run_forced("benchmarks/gpu_check.sh", tmp_path, 2, "env,kernels")
+    env, kernels = report["steps"]
+    assert [env["name"], kernels["name"]] == ["env", "kernels"] and not report["all_passed"]
+    assert 1 <= cut_with(env) < env["items_planned"]
+    found = report["env"]  # its lines so far: Python's, each package's, CUDA's
+    packages = [module for module in found["packages"] if not module.endswith("_from")]
+    assert found["python"] and cut_with(env) == 1 + len(packages) + ("cuda_available" in found)
+    assert len(report["kernels"]) == cut_with(kernels)
+
+
+def test_the_step_time_step_cut_by_its_limit_keeps_the_models_it_finished(tmp_path):
+    """Command 2's step_time at toy size (tiny, then dit_b2 on one thread, ~45 s here) with its limit forced to
+    15 s: tiny's two rows, with the empty peak memory of a CPU, are in the report, and the step timed out."""
+    report = run_forced("benchmarks/device/gpu_bench.sh", tmp_path, 15, "step_time")
+    [step] = report["steps"]
+    assert cut_with(step) == 2 and step["items_planned"] == 4
+    rows = report["tables"]["step_time"]
+    assert [(r["model"], r["mask_ratio"], r["peak_memory_gib"]) for r in rows] == [("tiny", "0.0", ""),
+                                                                                    ("tiny", "0.75", "")]
 
 
 def test_the_report_names_a_timed_out_step_and_the_steps_not_run(tmp_path):
@@ -85,7 +133,7 @@ def test_the_report_names_a_timed_out_step_and_the_steps_not_run(tmp_path):
     report = gpu_check_report.report(tmp_path, "gpu")
     assert [(s["name"], s["status"]) for s in report["steps"]] == [
         ("env", "ok"), ("kernels", "timed out"), *[(name, "not run") for name in STEPS[2:]]]
-    assert report["steps"][1]["first_error"] == "timed out after 40s; last: timing drop fwd"
+    assert report["steps"][1]["first_error"] == "timed out after 0 items in 40s; last: timing drop fwd"
     assert report["seconds"] == 45 and not report["all_passed"]
 
 
@@ -123,6 +171,9 @@ def test_every_step_runs_at_toy_size_on_the_cpu(tmp_path: Path) -> None:
     assert point["fid_features"] == "standin-random-inception" and point["clip_score"] is not None
     assert report["arms_ok"] == "2 of 2" and report["draws_match_mask0"] == {"mask75": True}
     assert all(arm["dynamo"]["graph_breaks"] == 0 and arm["dynamo"]["graphs"] >= 1 for arm in report["arms"])
+    # the peak GPU memory of every arm and of the train run: in the schema, empty on a CPU
+    assert all(arm["peak_memory_gib"] is None for arm in report["arms"]) and train["dynamo"]["peak_memory_gib"] is None
+    assert [(s["items_done"], s["items_planned"]) for s in report["steps"] if s["name"] == "arms"] == [(2, 2)]
     assert [(r["n_devices"], r["done"], r["switched_at"] is not None) for r in report["ddp"]] == [(2, True, True)] * 2
     listing = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "gpu_check.tar.gz")], capture_output=True,
                              text=True, check=True).stdout.splitlines()
@@ -146,3 +197,38 @@ def test_an_arm_whose_phase_buys_no_step_gets_a_budget_that_does(tmp_path):
         [budget] = fitting_budget([f"arm={arm}", *toy])
         assert float(budget.partition("=")[2]) > 1e9
         plan_run(load_config([f"arm={arm}", *toy, budget]), 1)  # every phase a whole step: no ConfigError
+
+
+def test_each_arm_is_written_as_it_ends_and_a_cut_check_reports_those_it_finished(tmp_path, monkeypatch):
+    """arms_check appends an arm's line the moment the arm ends (the next arm finds it in the file); the report of
+    a check cut after 2 of 3 arms lists those 2 and pairs their draws with mask0's; the finished check's verdict
+    fails an arm of PAIRED whose draws differ."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "device"))
+    import arms_check
+
+    out = tmp_path / "arms.jsonl"
+    digests = {"mask0": ["a", "b"], "mask75": ["a", "b"], "mask75_then0": ["a", "c"]}
+    lines_before = []
+
+    def trained(arm, work, overrides, counts, source):
+        lines_before.append(len(out.read_text().splitlines()) if out.is_file() else 0)
+        return {"arm": arm, "status": "ok", "run_dir": str(work / arm), "draw_digests": digests[arm],
+                "peak_memory_gib": None}
+
+    monkeypatch.setattr(arms_check, "run_arm", trained)
+    monkeypatch.setattr(arms_check, "DynamoCounts", lambda: None)  # nothing to count, no logging handler left
+    arms_check.run_shard(list(digests), tmp_path, [], "inductor", float("inf"), out)
+    assert lines_before == [0, 1, 2]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert arms_check.verdict(records) == 1  # mask75_then0 drew otherwise than mask0
+
+    out.write_text("".join(line + "\n" for line in out.read_text().splitlines()[:2]) + '{"arm": "mask75_th')
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "steps.tsv").write_text("arms\t124\t110\t110\n")
+    (tmp_path / "logs" / "arms.log").write_text("items planned: 3 arms\narms_check: mask75 ok in 9.0s\n")
+    report = gpu_check_report.report(tmp_path, "gpu", ("arms",))
+    assert report["steps"][0]["first_error"] == ("timed out after 2 of 3 items in 110s; "
+                                                 "last: arms_check: mask75 ok in 9.0s")
+    assert [(a["arm"], a["draws_match_mask0"], a["peak_memory_gib"]) for a in report["arms"]] == [
+        ("mask0", None, None), ("mask75", True, None)]
+    assert report["draws_match_mask0"] == {"mask75": True} and report["arms_ok"] == "2 of 2"

@@ -4,11 +4,13 @@
         [--backend aot_eager] [--deadline-s S] -- KEY=VALUE...
 
 Each arm trains through every phase on the overrides after `--` (data, model, kernels, compile, budget: the
-caller sizes them), then evaluates once. Per arm, one JSON line: status, seconds, the first error line, steps
-and mask ratios seen, Dynamo's frames, graphs, graph breaks and recompiles (with their first reasons and any hit
-of the recompile limit, after which a frame runs eagerly), and whether its draws (t, caption dropout, noise:
-`draw_digest`) equal mask0's at every step both took. Two arms of one seed must draw the same: mask75 and
-mask75_then0 against mask0 decide this script's exit status, with every arm's own.
+caller sizes them), then evaluates once. Per arm, one JSON line, appended the moment the arm ends (a check cut
+by its time limit keeps the arms it finished: benchmarks/stream.py): status, seconds, the first error line, steps
+and mask ratios seen, the peak GPU memory, Dynamo's frames, graphs, graph breaks and recompiles (with their first
+reasons and any hit of the recompile limit, after which a frame runs eagerly), and its draws (t, caption dropout,
+noise: `draw_digest`), which must equal mask0's at every step both took (gpu_check_report.draws_match_mask0). Two
+arms of one seed must draw the same: mask75 and mask75_then0 against mask0 decide this script's exit status, with
+every arm's own.
 
 Shipped arms that need more than a name: lsc_convert starts from this check's mask0 run (init_from, so both go to
 one shard, mask0 first); mask75_until_cosine checks its rule every 2 steps instead of 100 (a copy of the arm file
@@ -17,7 +19,8 @@ buy no whole step gets the budget doubled until it does (`fitting_budget`). A ph
 the counts show any beyond that.
 
 --jobs N runs N shards as N processes (compilation is CPU-bound; the arms of a shard share one process), each
-given the same deadline: an arm not started by then is reported as not reached, and the shard ends cleanly.
+given the same deadline: an arm not started by then is reported as not reached, and the shard ends cleanly. The
+shards append their lines to the one file.
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ import traceback
 from pathlib import Path
 
 import yaml
-from instruments import DynamoCounts, use_backend  # this script's folder is on sys.path
+from instruments import DynamoCounts, peak_memory_gib, use_backend  # this script's folder is on sys.path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from gpu_check_report import draws_match_mask0  # noqa: E402
+from stream import announce, append_json_line, fresh  # noqa: E402
 
 PAIRED = ("mask75", "mask75_then0")  # must draw as mask0 does (tests/test_paired_draws.py, here on the device)
 MAX_DOUBLINGS = 6  # an arm's budget grows at most 64x over the others' (`fitting_budget`)
@@ -104,6 +111,7 @@ def run_arm(arm: str, work: Path, overrides: list[str], counts: DynamoCounts, so
     root = work / arm
     record: dict = {"arm": arm, "status": "failed"}
     counts.reset()
+    peak_memory_gib(reset=True)
     tick = time.perf_counter()
     try:
         run_dir = train(load_config([f"arm={spec}", *overrides, *extra, f"paths.runs={root / 'runs'}",
@@ -121,6 +129,7 @@ def run_arm(arm: str, work: Path, overrides: list[str], counts: DynamoCounts, so
         record["error"] = first_error_line(err)
         traceback.print_exc()
     record["seconds"] = round(time.perf_counter() - tick, 1)
+    record["peak_memory_gib"] = peak_memory_gib()
     record["dynamo"] = counts.summary()
     print(f"arms_check: {arm} {record['status']} in {record['seconds']}s"
           + (f": {record['error']}" if "error" in record else f", {record['steps']} steps, dynamo {record['dynamo']}"),
@@ -128,30 +137,37 @@ def run_arm(arm: str, work: Path, overrides: list[str], counts: DynamoCounts, so
     return record
 
 
-def run_shard(arms: list[str], work: Path, overrides: list[str], backend: str, deadline: float) -> list[dict]:
+def run_shard(arms: list[str], work: Path, overrides: list[str], backend: str, deadline: float, out: Path) -> None:
+    """The shard's arms one after another, each arm's record appended to `out` as it ends."""
     counts = DynamoCounts()
     use_backend(backend)
-    records, source = [], None
+    source = None
     for arm in arms:
         if time.time() > deadline:
-            records.append({"arm": arm, "status": "not reached", "error": "the check's deadline came first"})
+            append_json_line(out, {"arm": arm, "status": "not reached", "error": "the check's deadline came first"})
             continue
         record = run_arm(arm, work, overrides, counts, source)
         record["backend"] = backend
         if arm == "mask0" and record["status"] == "ok":
             source = Path(record["run_dir"])
-        records.append(record)
-    return records
+        append_json_line(out, record)
 
 
-def compare_draws(records: list[dict]) -> None:
-    """Each arm's `draws_match_mask0`: its draw digests equal mask0's at every step both took (None: not compared)."""
-    base = next((r.get("draw_digests") for r in records if r["arm"] == "mask0"), None)
-    for record in records:
-        digests = record.pop("draw_digests", None)
-        shared = min(len(base), len(digests)) if base and digests else 0
-        record["draws_match_mask0"] = (digests[:shared] == base[:shared]) if shared and record["arm"] != "mask0" \
-            else None
+def run_shards(arms: list[str], args: argparse.Namespace, overrides: list[str], deadline: float) -> None:
+    """Each shard in its own process (the same deadline for all), appending to args.out; an arm whose shard's
+    process ended without its record gets one saying so."""
+    env = {**os.environ, "ARMS_CHECK_DEADLINE": str(deadline)}
+    procs = [subprocess.Popen([sys.executable, __file__, "--work", str(args.work), "--out", str(args.out),
+                               "--jobs", str(args.jobs), "--shard", str(i), "--backend", args.backend,
+                               "--arms", *arms, "--", *overrides], env=env)
+             for i in range(len(shards(arms, args.jobs)))]
+    for proc in procs:
+        proc.wait()
+    done = {json.loads(line)["arm"] for line in args.out.read_text().splitlines()} if args.out.is_file() else set()
+    for arm in arms:
+        if arm not in done:
+            append_json_line(args.out, {"arm": arm, "status": "failed",
+                                        "error": "its shard's process ended without a record"})
 
 
 def main() -> int:
@@ -180,31 +196,23 @@ def main() -> int:
         from maskbench.config import known_arms
         arms = known_arms()
     plan = shards(arms, args.jobs)
-    if args.shard is not None:  # one shard: its records as JSON lines
-        records = run_shard(plan[args.shard], args.work, overrides, args.backend, deadline)
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if args.shard is not None:  # one shard of the processes below: its records appended to args.out
+        run_shard(plan[args.shard], args.work, overrides, args.backend, deadline, args.out)
         return 0
+    fresh(args.out)
+    announce(len(arms), "arms, each one JSON line as it ends")
     if len(plan) == 1:
-        records = run_shard(plan[0], args.work, overrides, args.backend, deadline)
+        run_shard(plan[0], args.work, overrides, args.backend, deadline, args.out)
     else:
-        env = {**os.environ, "ARMS_CHECK_DEADLINE": str(deadline)}
-        outs = [args.out.with_name(f"{args.out.stem}.shard{i}.jsonl") for i in range(len(plan))]
-        procs = [subprocess.Popen([sys.executable, __file__, "--work", str(args.work), "--out", str(out),
-                                   "--jobs", str(args.jobs), "--shard", str(i), "--backend", args.backend,
-                                   *(["--arms", *arms]), "--", *overrides], env=env)
-                 for i, out in enumerate(outs)]
-        for proc in procs:
-            proc.wait()
-        records = [json.loads(line) for out in outs if out.is_file() for line in out.read_text().splitlines()]
-        done = {r["arm"] for r in records}
-        records += [{"arm": a, "status": "failed", "error": "its shard's process ended without a record"}
-                    for a in arms if a not in done]
-    records.sort(key=lambda r: ordered(arms).index(r["arm"]))
-    compare_draws(records)
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+        run_shards(arms, args, overrides, deadline)
+    return verdict([json.loads(line) for line in args.out.read_text().splitlines()])
+
+
+def verdict(records: list[dict]) -> int:
+    """Print how many arms passed; 1 when one did not, or a paired arm drew otherwise than mask0."""
     failed = [r["arm"] for r in records if r["status"] != "ok"]
-    unpaired = [r["arm"] for r in records if r["arm"] in PAIRED and r["draws_match_mask0"] is False]
-    ok = sum(r["status"] == "ok" for r in records)
+    unpaired = [arm for arm, same in draws_match_mask0(records).items() if arm in PAIRED and not same]
+    ok = len(records) - len(failed)
     print(f"arms_check: {ok} of {len(records)} arms ok" + (f"; not ok: {', '.join(failed)}" if failed else "")
           + (f"; draws differ from mask0's: {', '.join(unpaired)}" if unpaired else ""))
     return 1 if failed or unpaired or not records else 0

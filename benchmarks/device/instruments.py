@@ -1,5 +1,5 @@
 """What the device check measures around maskbench's own code, without changing it: Dynamo's graph, graph-break
-and recompile counts, the compile backend, and two processes sharing one GPU over gloo.
+and recompile counts, the peak GPU memory, the compile backend, and two processes sharing one GPU over gloo.
 
 Used by benchmarks/device/wrap.py (one maskbench command) and benchmarks/device/arms_check.py (every arm in one
 process). Nothing here is imported by maskbench.
@@ -52,6 +52,16 @@ class DynamoCounts(logging.Handler):
                 "graph_break_reasons": [f"{n}x {reason}" for reason, n in breaks.most_common(3)],
                 "recompiles": len(self.recompiles), "recompile_reasons": self.recompiles[:3],
                 "recompile_limit_hits": len(self.limit_hits)}
+
+
+def peak_memory_gib(reset: bool = False) -> float | None:
+    """The most GPU memory torch allocated since the last reset (torch.cuda.max_memory_allocated), in GiB; None on a
+    machine without CUDA, where it is not measured. `reset`: start a new peak (before the next arm)."""
+    if not torch.cuda.is_available():
+        return None
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2)
 
 
 def use_backend(backend: str) -> None:

@@ -3,8 +3,8 @@
     python benchmarks/device/wrap.py [--dynamo-out JSON] [--backend inductor|aot_eager|eager] [--gloo] -- ARGS...
 
 runs `maskbench ARGS...` (the same `maskbench.cli.main` as `python -m maskbench`) and writes Dynamo's counts of
-that process to JSON (per rank under torchrun: RANK is put before the suffix). --gloo: under torchrun, every rank
-on the one GPU over gloo.
+that process and the peak GPU memory it allocated (None without CUDA) to JSON (per rank under torchrun: RANK is
+put before the suffix). --gloo: under torchrun, every rank on the one GPU over gloo.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from instruments import DynamoCounts, gloo_on_one_gpu, use_backend  # this script's folder is on sys.path
+from instruments import DynamoCounts, gloo_on_one_gpu, peak_memory_gib, use_backend  # this script's folder first
 
 
 def main() -> int:
@@ -39,7 +39,8 @@ def main() -> int:
             out = args.dynamo_out
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 out = out.with_name(f"{out.stem}.rank{os.environ['RANK']}{out.suffix}")
-            out.write_text(json.dumps({"backend": args.backend, "command": argv[:1], **counts.summary()}) + "\n")
+            out.write_text(json.dumps({"backend": args.backend, "command": argv[:1], **counts.summary(),
+                                       "peak_memory_gib": peak_memory_gib()}) + "\n")
 
 
 if __name__ == "__main__":
