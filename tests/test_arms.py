@@ -310,6 +310,8 @@ _SET_TO = {
     "model.sparse_fusion": ("true", ["model.mixer_depth=1", "model.decoder_depth=1"]),
     "model.path_drop": ("0.1", ["model.mixer_depth=1", "model.decoder_depth=1", "model.sparse_fusion=true"]),
     "train.skip_step_grad_norm": ("0.02", []),
+    "train.skip_step_grad_ratio": ("4", []),
+    "train.skip_step_window": ("10", ["train.skip_step_grad_ratio=4"]),
     "model.route_ratio": ("0.5", []),
     "model.route_start": ("0", ["model.route_ratio=0.5"]),
     "model.route_end": ("1", ["model.route_ratio=0.5"]),

@@ -223,8 +223,10 @@ def test_skips_only_phases_and_rules_need_what_they_use(tmp_path, synth_root):
 
 
 def test_step_guard_skips_every_step_above_it_and_still_spends_the_budget(tmp_path, synth_root):
+    """Asked for (`train.max_skipped_share=1`; else the run stops, tests/test_step_guard.py): every step skipped,
+    and the row says so."""
     cfg = load_config(tiny_overrides(tmp_path, synth_root, "arm=mask0", "train.skip_step_grad_norm=1e-9",
-                                     "budget.flops=1e9", "eval.points=[1.0]", *FAST))
+                                     "train.max_skipped_share=1", "budget.flops=1e9", "eval.points=[1.0]", *FAST))
     run_dir = train(cfg)
     records = _records(run_dir)
     assert [r["skipped_grad_norm"] for r in records] == list(range(1, len(records) + 1))
@@ -235,3 +237,27 @@ def test_step_guard_skips_every_step_above_it_and_still_spends_the_budget(tmp_pa
     assert all(torch.equal(p, raw[k]) for k, p in fresh.state_dict().items())  # never stepped
     row = read_rows([cfg.paths.leaderboard])[-1]
     assert row["train_flops"] == records[-1]["flops"] > 0.9 * cfg.budget.flops
+    assert row["skipped_steps"] == row["step"] == len(records)
+
+
+def test_the_conversion_as_shipped_trains_in_every_phase(tmp_path, synth_root, source):
+    """`lsc_convert` from a trained source: its step guard (relative to the phase's own norms) lets the skips train
+    in stage 1 and every weight in stage 2, where Skip-DiT's absolute 0.02 refused every step."""
+    cfg = load_config(tiny_overrides(tmp_path, synth_root, "arm=lsc_convert", f"init_from={source}",
+                                     "budget.flops=1e10", "eval.points=[1.0]", *FAST))
+    run_dir = train(cfg)
+    records, row = _records(run_dir), read_rows([cfg.paths.leaderboard])[-1]
+    totals = [0] + [r["skipped_grad_norm"] + r["skipped_nonfinite"] for r in records]
+    skipped = [after > before for before, after in zip(totals, totals[1:])]
+    assert row["skipped_steps"] == sum(skipped) <= 0.05 * len(records)  # measured: 0 of 78
+    switch = row["switch_step"]
+    assert 0 < switch < len(records) and not all(skipped[:switch]) and not all(skipped[switch:])
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    torch.manual_seed(cfg.seed)  # the skips as the run built them (each step's log is after its update)
+    model = build_model(cfg.model, data)
+    norms = [skip_weight_norm(model)] + [_skip_weight_norm(r) for r in records]
+    assert [after != before for before, after in zip(norms, norms[1:])] == [not s for s in skipped]
+    raw = RunDir.raw_weights(RunDir(run_dir).point_checkpoint(1.0))
+    src = RunDir.ema_weights(RunDir(source).point_checkpoint(1.0))
+    trained = [name for name, _ in model.named_parameters() if name in src]  # frozen in stage 1: moved by stage 2
+    assert trained and all(not torch.equal(raw[name], src[name]) for name in trained)

@@ -161,8 +161,13 @@ class TrainConfig:
     downscale_factor: int = added(2)  # 1/factor resolution: the one-route shorthand of demote_routes
     demote_routes: list[DemoteRoute] = added(default_factory=list)  # the route table (FLOPs counted at each size)
     demote_gate: DemoteGate = added(DemoteGate.sample)  # sample: each sample by its own t; batch: all of a micro-batch or none
-    skip_step_grad_norm: Optional[float] = added(None)  # Skip-DiT's guard: no optimizer step when the global grad norm
-                                                        # (before clipping) is non-finite or above this; counted
+    skip_step_grad_norm: Optional[float] = added(None)  # Skip-DiT's guard as its authors wrote it: no optimizer step
+                                                        # when the global grad norm (before clipping) is above this
+    skip_step_grad_ratio: Optional[float] = added(None)  # the guard relative to the run: no optimizer step when that
+                                                         # norm is above this × the median of the phase's last norms
+    skip_step_window: int = added(25)  # skip_step_grad_ratio's last norms, per phase; it acts once it has that many
+    max_skipped_share: float = not_result(0.5)  # stop (exit 2) once more than this share of the run's steps, or of a
+                                                # phase's, were skipped (guard or non-finite); 1: never stop
     repa_weight: float = added(0.0)  # REPA (sihyun-yu/REPA): λ on its alignment loss, 0 = off (its default 0.5)
     repa_depth: Optional[int] = added(None)  # the aligned block from 1 (mixer, backbone, decoder); None: scaled from 8 of 28
     repa_encoder: Optional[str] = added(None)  # "synth" (the shipped repa-synth-v2), "random" (the control) or a DINOv2-B file;

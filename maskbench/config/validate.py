@@ -64,7 +64,8 @@ def _validate_ranges(cfg: RunConfig) -> None:
     """Numbers that are only meaningful in a range (one line each, as every bad input)."""
     train, ev = cfg.train, cfg.eval
     at_least = {"model.depth": (cfg.model.depth, 1), "train.batch_size": (train.batch_size, 1), "train.warmup_steps": (train.warmup_steps, 0),
-                "train.max_bad_steps": (train.max_bad_steps, 1), "eval.sampler_steps": (ev.sampler_steps, 1),
+                "train.max_bad_steps": (train.max_bad_steps, 1), "train.skip_step_window": (train.skip_step_window, 1),
+                "eval.sampler_steps": (ev.sampler_steps, 1),
                 "eval.n_samples": (ev.n_samples, 2), "eval.val_samples": (ev.val_samples, 1),
                 "eval.batch_size": (ev.batch_size, 1), "eval.grid_size": (ev.grid_size, 1),
                 "data.shuffle_buffer": (cfg.data.shuffle_buffer, 1),
@@ -75,19 +76,30 @@ def _validate_ranges(cfg: RunConfig) -> None:
             raise ConfigError(f"{name} must be at least {low}{why}, got {value}")
     fractions = {"train.ema_decay": (train.ema_decay, True), "train.caption_dropout": (train.caption_dropout, False),
                  "train.decay_fraction": (train.decay_fraction, True),
-                 "data.max_bad_fraction": (cfg.data.max_bad_fraction, False)}
+                 "data.max_bad_fraction": (cfg.data.max_bad_fraction, False),
+                 "train.max_skipped_share": (train.max_skipped_share, False)}
     for name, (value, open_top) in fractions.items():
         if not (0.0 <= value < 1.0 if open_top else 0.0 <= value <= 1.0):
             raise ConfigError(f"{name} must be in [0, {'1)' if open_top else '1]'}, got {value:g}")
     if train.lr <= 0 or train.grad_clip <= 0 or train.weight_decay < 0:
         raise ConfigError(f"train.lr and train.grad_clip must be positive and train.weight_decay >= 0; got "
                           f"{train.lr:g}, {train.grad_clip:g}, {train.weight_decay:g}")
-    if train.skip_step_grad_norm is not None and not train.skip_step_grad_norm > 0:
-        raise ConfigError(f"train.skip_step_grad_norm must be positive (or null), got {train.skip_step_grad_norm:g}")
+    _validate_step_guard(train)
     if cfg.init_from is not None:
         split_source(cfg.init_from)  # a malformed @POINT is refused here; the run itself in runs.launch
     if not ev.val_t or any(not 0.0 < t < 1.0 for t in ev.val_t):
         raise ConfigError(f"eval.val_t must be times in (0, 1), got {list(ev.val_t)}")
+
+
+def _validate_step_guard(train: TrainConfig) -> None:
+    """One step guard at a time, each bound in its range."""
+    if train.skip_step_grad_norm is not None and train.skip_step_grad_ratio is not None:
+        raise ConfigError("train.skip_step_grad_norm and train.skip_step_grad_ratio are two step guards: set one")
+    if train.skip_step_grad_norm is not None and not train.skip_step_grad_norm > 0:
+        raise ConfigError(f"train.skip_step_grad_norm must be positive (or null), got {train.skip_step_grad_norm:g}")
+    if train.skip_step_grad_ratio is not None and not train.skip_step_grad_ratio > 1:
+        raise ConfigError(f"train.skip_step_grad_ratio must be above 1 (a bound at the median would refuse half the "
+                          f"steps), got {train.skip_step_grad_ratio:g}")
 
 
 def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:

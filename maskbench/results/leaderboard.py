@@ -54,7 +54,7 @@ _DECLARED: tuple[Column, ...] = (
     _added("compile_s", float), _added("eval_s", float), _added("checkpoint_s", float), _added("resume_s", float),
     _added("val_loss_se", float), _added("fid_se", float), _added("fd_dinov2_se", float),
     _added("clip_score_se", float), _added("align_acc_se", float), _added("precision"), _added("draw_scheme"),
-    _added("encoder_flops", float),
+    _added("encoder_flops", float), _added("skipped_steps", int),
 )
 METRIC_COLUMNS = tuple(column for m in METRICS for column in (m.name, m.se_column))
 SCHEMA: tuple[Column, ...] = _DECLARED + tuple(_added(name, float) for name in METRIC_COLUMNS

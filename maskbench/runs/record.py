@@ -57,6 +57,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "clip_cos": result.get("clip_cos"), "clip_model": result.get("clip_model"),
         "sampler_steps": cfg.eval.sampler_steps, "cfg_scale": cfg.eval.cfg_scale,
         "init_from": source_label(cfg.init_from) if cfg.init_from else None, "switch_step": state.switch_step,
+        "skipped_steps": state.skipped_steps,  # steps without an update (the step guard, non-finite): FLOPs spent idle
         # gpu_hours is the training steps' time alone; the rest of the run's time, each in its own column:
         "branch_flops": state.branch_flops, "data_wait_s": state.data_wait_seconds,
         "compile_s": state.compile_seconds, "eval_s": state.eval_seconds,

@@ -56,7 +56,10 @@ class TrainState:
     data_wait_seconds: float = 0.0
     skipped_nonfinite: int = 0
     bad_samples: dict = field(default_factory=dict)
-    skipped_grad_norm: int = 0          # optimizer steps skipped by train.skip_step_grad_norm
+    skipped_grad_norm: int = 0          # optimizer steps the step guard refused (`guard.StepGuard`)
+    phase_skipped: dict = field(default_factory=dict)   # phase index -> its steps skipped (guard or non-finite)
+    recent_norms: dict = field(default_factory=dict)    # phase index -> its latest finite grad norms (relative guard)
+    refused_norms: list = field(default_factory=list)   # the latest grad norms the guard refused (a stop names them)
     switch_step: int | None = None      # the step the first phase ended at (by its rule or its budget)
     phase_ends: dict = field(default_factory=dict)  # phase index -> its steps, for phases a rule ended
     rule: dict = field(default_factory=dict)  # what a phase's rule remembers between checks (`switch.crossed`)
@@ -68,6 +71,11 @@ class TrainState:
     branch_flops: float = 0.0           # a cooled horizon's FLOPs spent in its branch (0 on the trunk)
     branches_flops: float = 0.0         # every branch so far: what the run spent beyond its trunk
     loader_state: dict = field(default_factory=dict)  # data stream -> its loader's position (resume seeks)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps not taken so far: the step guard's refusals and the non-finite steps."""
+        return self.skipped_nonfinite + self.skipped_grad_norm
 
     def state_dict(self) -> dict:
         return asdict(self)

@@ -58,6 +58,7 @@ from maskbench.train.checkpoint import RunDir, TrainState, environment, load_che
 from maskbench.train.ddp import rewrap
 from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
+from maskbench.train.guard import StepGuard
 from maskbench.train.horizons import run_branch
 from maskbench.train.repa import make_repa
 from maskbench.train.schedule import (
@@ -152,6 +153,7 @@ class Trainer:
             generate_synth(cfg.data, cfg.paths.data)
         self.run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
         self.stop_signal: int | None = None
+        self.guard = StepGuard(cfg.train)  # which steps are skipped, and the stop when too many were
         self.branch: Horizon | None = None  # the cooled horizon being trained, if any (`horizons.run_branch`)
         self.last_checkpoint = time.monotonic()  # when the trunk last saved (periodic checkpoints)
 
@@ -329,12 +331,11 @@ class Trainer:
             digests.append(digest)
         return torch.stack(losses), torch.stack(digests)                                 # grad_accum each
 
-    def apply_update(self, grad_norm: float, losses_finite: bool) -> tuple[bool, bool]:
+    def apply_update(self, grad_norm: float, losses_finite: bool, phase: int) -> tuple[bool, bool]:
         """Step on the clipped gradients, or drop the gradients of a non-finite step, or of one the step guard
-        refuses (`train.skip_step_grad_norm`: the norm before clipping is above it); returns (finite, stepped)."""
+        refuses (`guard.StepGuard`: the norm before clipping is too large); returns (finite, stepped)."""
         finite = losses_finite and math.isfinite(grad_norm)
-        guard = self.cfg.train.skip_step_grad_norm
-        stepped = finite and (guard is None or grad_norm <= guard)
+        stepped = finite and not self.guard.refuses(self.state, phase, grad_norm)
         if stepped:
             self.optimizer.step()
             self.scheduler.step()
@@ -362,7 +363,7 @@ class Trainer:
                           dim=1)                                                             # grad_accum×7
         stats = acc.gather(local).cpu()  # streams×7: the step's one host sync
         grad_norm = stats[0, 6].item()
-        finite, stepped = self.apply_update(grad_norm, bool(torch.isfinite(stats[:, 0]).all()))
+        finite, stepped = self.apply_update(grad_norm, bool(torch.isfinite(stats[:, 0]).all()), phase.index)
         return {"loss": stats[:, 0].mean().item(), "grad_norm": grad_norm, "finite": finite, "stepped": stepped,
                 "data_digest": [f"{int(d):08x}" for d in stats[:, 1]],
                 "draw_digest": [f"{int(d):08x}" for d in stats[:, 2]],
@@ -390,7 +391,7 @@ class Trainer:
         bar = tqdm(total=self.schedule.total_flops, initial=state.flops, unit="FLOP", unit_scale=True,
                    disable=not acc.is_main_process, desc=self.run.root.name, dynamic_ncols=True)
         self.last_checkpoint, bad_in_row = time.monotonic(), 0
-        with open(self.run.metrics, "a") as metrics_log:
+        with bar, open(self.run.metrics, "a") as metrics_log:  # the bar ends its line before any error's
             while state.step < self.schedule.total_steps:
                 for horizon in self.schedule.horizons:
                     if horizon.fork == state.step and horizon.point not in self.run.evaluated_points():
@@ -411,8 +412,9 @@ class Trainer:
                                           "lower train.lr or check the data")
                 bar.total = self.schedule.total_flops
                 bar.update(flops)
+                skipped = f" skipped {state.skipped_steps}" if state.skipped_steps else ""  # steps without an update
                 bar.set_postfix_str(f"step {state.step}/{self.schedule.total_steps} mask {phase.mask_ratio:g} "
-                                    f"loss {out['loss']:.4f}", refresh=False)
+                                    f"loss {out['loss']:.4f}{skipped}", refresh=False)
                 if state.step in self.schedule.eval_steps:
                     metrics_log.flush()
                     self.save_positions(loaders)
@@ -428,7 +430,6 @@ class Trainer:
                     metrics_log.flush()
                     bar.close()
                     return self._stop(out["stop"], loaders)
-        bar.close()
         self.count_time(wait=True)
         if acc.is_main_process:
             write_atomic(self.run.done, json.dumps({"step": state.step, "flops": state.flops,
@@ -450,8 +451,7 @@ class Trainer:
         out = self.train_step(batches, wait, phase, state.step)
         self.timer.stop()
         self.count_time()
-        state.skipped_nonfinite += not out["finite"]
-        state.skipped_grad_norm += out["finite"] and not out["stepped"]
+        self.guard.count(state, phase.index, out["grad_norm"], out["finite"], out["stepped"])
         state.step += 1
         state.flops += flops
         state.branch_flops += flops if self.branch is not None else 0
@@ -460,6 +460,7 @@ class Trainer:
         diagnostics = self.block_norms.step()
         switch = self.rules.check(phase, probed) if self.branch is None else {}
         write_step(self, phase, out, {**diagnostics, **switch}, log)
+        self.guard.after_step(state, self.active.phases[phase.index])  # as planned now: a rule may have ended it
         return out
 
     def count_time(self, wait: bool = False) -> None:
@@ -481,7 +482,8 @@ class Trainer:
     # ---------------------------------------------------------------------------------- points
     def reach_point(self, point: float, save: bool = True) -> None:
         """Checkpoint an eval point, then hand it to `on_point` (evaluation lives above training); each
-        has its own time counter, which the point's row reports."""
+        has its own time counter, which the point's row reports. A run that skipped too many steps stops first."""
+        self.guard.check(self.state)
         self.count_time(wait=True)
         if save:
             tick = time.perf_counter()

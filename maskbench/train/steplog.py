@@ -13,6 +13,7 @@ from typing import IO, TYPE_CHECKING
 
 import torch
 
+from maskbench.train.guard import guard_name
 from maskbench.train.schedule import PhasePlan
 from maskbench.train.tracking import log_step
 
@@ -59,7 +60,7 @@ def write_step(trainer: Trainer, phase: PhasePlan, out: dict, extra: dict, log: 
         "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
         "data_digest": out["data_digest"], "draw_digest": out["draw_digest"],
         "bad_samples": state.bad_samples, "skipped_nonfinite": state.skipped_nonfinite, **extra}
-    if cfg.train.skip_step_grad_norm is not None:
+    if guard_name(cfg.train) is not None:
         record["skipped_grad_norm"] = state.skipped_grad_norm
     log.write(json.dumps(record) + "\n")
     if cfg.train.log_with != "none" and trainer.branch is None:
