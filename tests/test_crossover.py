@@ -138,9 +138,10 @@ def test_leaderboard_crossover_prints_and_draws_the_map(tmp_path, capsys) -> Non
     assert "no crossover cells" in capsys.readouterr().err
 
 
-def test_the_map_reads_val_loss_beside_fd_and_marks_disagreement(capsys) -> None:
+def test_the_map_reads_val_loss_beside_fd_and_marks_a_partial_agreement(capsys) -> None:
     """mask75 reaches mask0's FD at 0.75 of the FLOPs on both seeds (pays on FD); its val loss is worse (never
-    reaches mask0's). The map shows both and marks the split; nothing pays without both."""
+    reaches mask0's). The map shows both and marks the split as partial (FD's Δ has no test, val loss's ratio is a
+    bound: neither reading has two opposite directions); nothing pays without both."""
     rows = []
     for seed in range(3):
         rows += [row("mask0", seed, 0.5, 200.0 + seed, val_loss=0.60),
@@ -155,7 +156,7 @@ def test_the_map_reads_val_loss_beside_fd_and_marks_disagreement(capsys) -> None
     assert final.readings["val_loss"].difference.verdict == "worse"
     table = render_cells(cells)
     assert "| val loss FLOPs ratio (95% CI) |" in table.splitlines()[0]
-    assert table.splitlines()[-3].endswith("| undecided | disagree (ratio, Δ) | exploratory |")
+    assert table.splitlines()[-3].endswith("| undecided | partly | exploratory |")
     # Under a plan's Holm correction across its tests, p adj is what the verdict reads.
     corrected, tests = correct_cells(cells, Family(("fid", "val_loss"), method="holm"))
     assert tests == sum(1 for c in cells for r in c.readings.values() for p in (r.ratio.p, r.difference.p)

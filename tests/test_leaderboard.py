@@ -330,22 +330,29 @@ FAIR_ARMS = {"mask0": (0.30, 0.30), "mask75": (0.22, 0.22), "mask75_then0": (0.4
 MULTIPLIER_PAYS = "\n  ratio: compute multiplier\n  interval: above 1\n  metrics: all primary"
 
 
-def fair_rows(seeds: int = 4, scale: dict[str, float] | None = None) -> list[dict]:
+def fair_rows(seeds: int = 4, scale: dict[str, float] | None = None, ladder: bool = True,
+              fd_scale: dict[str, float] | None = None) -> list[dict]:
     """The fair study's design on synthetic curves: every arm at 1/8 ... 1 of B, each seed's amplitudes moved by
-    3% (its own training), each point by its sampling error (0.3% val loss, 1% FD), written 2026-12-04. `scale`
-    multiplies an arm's val loss at B (a curve that bends after B/2)."""
+    3% (its own training), each point by its sampling error (0.3% val loss, 1% FD), written 2026-12-04; with
+    `ladder`, mask0's ladder beside it (a run of the same seed to 4 B, the same curve). `scale` multiplies an
+    arm's val loss at every point, `fd_scale` its FD. All arms fall as C^−0.6, so M is constant:
+    (0.30 / A)^(1 / 0.6): mask75 1.68, mask75_then0 0.62, mask75_until_cosine 1.68 on val loss and 1 on FD."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     rows = []
+    runs = [(arm, amplitudes, f"{arm}-s", FAIR_B, FAIR_POINTS) for arm, amplitudes in FAIR_ARMS.items()]
+    runs += [("mask0", FAIR_ARMS["mask0"], "mask0-ladder-s", 4 * FAIR_B, tuple(p / 4 for p in (*FAIR_POINTS, 2, 4)))
+             ] if ladder else []
     for seed in range(seeds):
         jitter = 1 + 0.03 * rng.normal()
-        for arm, (loss_a, fd_a) in FAIR_ARMS.items():
-            for point in FAIR_POINTS:
-                loss = (0.05 + loss_a * jitter * point**-0.6) * ((scale or {}).get(arm, 1.0) if point == 1.0 else 1.0)
-                fd = 50 + 1000 * fd_a * jitter * point**-0.6
-                rows.append(measured(f"{arm}-s{seed}", arm=arm, seed=seed, model="micro_s", batch_size=64,
-                                     budget_flops=FAIR_B, point=point, train_flops=point * FAIR_B, gpu_hours=point,
+        for arm, (loss_a, fd_a), name, budget, points in runs:
+            for point in points:
+                c = point * budget / FAIR_B
+                loss = (0.05 + loss_a * jitter * c**-0.6) * (scale or {}).get(arm, 1.0)
+                fd = (50 + 1000 * fd_a * jitter * c**-0.6) * (fd_scale or {}).get(arm, 1.0)
+                rows.append(measured(f"{name}{seed}", arm=arm, seed=seed, model="micro_s", batch_size=64,
+                                     budget_flops=budget, point=point, train_flops=c * FAIR_B, gpu_hours=c,
                                      val_loss=loss * (1 + 0.003 * rng.normal()), val_loss_se=0.003 * loss,
                                      fid=fd * (1 + 0.01 * rng.normal()), fid_se=0.01 * fd, fid_n=2048,
                                      fid_features="oracle-synth-v1", precision="fp32", draw_scheme="crn-v3",
@@ -362,79 +369,94 @@ def fair(tmp_path) -> Path:
     return folder
 
 
-def test_a_compute_multiplier_plan_tests_the_difference_and_m_at_b_holm_across_the_12(fair):
-    """T1 (the difference at B) and T2 (log M(B)) per arm and metric, 3 arms × 2 metrics × 2 = 12 tests, Holm
-    across them by hand; the compute-to-target ratios carry no p adj (not in the family)."""
+def test_a_compute_multiplier_plan_tests_the_difference_and_the_measured_m_at_b_holm_across_the_12(fair):
+    """T1 (the difference at B) and T2 (log of the measured M(B), read off mask0's ladder) per arm and metric,
+    3 arms × 2 metrics × 2 = 12 tests, Holm across them by hand; mask0's own run, read on its ladder as a check,
+    is not tested."""
+    import numpy as np
+
     from maskbench.results.estimators import holm
     from maskbench.results.multiplicity import MULTIPLIER, correct_study
-    from maskbench.results.scaling import fit_groups
+    from maskbench.results.multiplier import measured_multipliers
     from maskbench.results.summary import summarize
 
     plan = load_plan(fair / "PLAN.md")
     rows = read_rows([fair / "leaderboard.csv"])
     family = plan.family(rows)
     assert (plan.rule, plan.pays, family.rule, family.confirmatory) == (MULTIPLIER, "train_flops", MULTIPLIER, True)
-    summary, fits = summarize(rows, "mask0", family.compared()), fit_groups(rows, "mask0", rule=plan.prediction_fails)
+    summary = summarize(rows, "mask0", family.compared())
+    measured = measured_multipliers(rows, "mask0")
     first = [(r.arm, m, c.difference.p) for r in summary for m, c in r.comparisons.items()]
-    second = [(arm.arm, fit.metric, arm.multipliers[-1].p) for fit in fits for arm in fit.arms if arm.multipliers]
+    second = [(m.arm, m.metric, m.at_budget.p) for m in measured if m.arm != "mask0"]
     assert len(first) == len(second) == 6
+    assert all(m.at_budget.geomean == pytest.approx(1, abs=0.02) for m in measured if m.arm == "mask0")
     by_hand = dict(zip([(arm, m, test) for test, found in (("T1", first), ("T2", second)) for arm, m, _ in found],
                        holm([p for found in (first, second) for *_, p in found])))
-    corrected, refitted, tests = correct_study(summary, fits, family)
+    corrected, remeasured, tests = correct_study(summary, measured, family)
     assert tests == 12
     for r in corrected:
         for metric, c in r.comparisons.items():
             assert c.difference.p_adj == pytest.approx(by_hand[r.arm, metric, "T1"])
-            assert all(t.ratios["train_flops"].p_adj == t.ratios["train_flops"].p or t.ratios["train_flops"].bound
-                       for t in c.targets)  # untouched: the ratios are not in the family
-    for fit in refitted:
-        for arm in fit.arms[1:]:
-            assert arm.multipliers[-1].p_adj == pytest.approx(by_hand[arm.arm, fit.metric, "T2"])
-            assert all(m.p_adj == m.p for m in arm.multipliers[:-1])  # other horizons: reported, not tested
+    for m in remeasured:
+        if m.arm != "mask0":
+            assert m.at_budget.p_adj == pytest.approx(by_hand[m.arm, m.metric, "T2"])
+            assert np.array_equal([r.p_adj for r in m.multipliers[:-1]], [r.p for r in m.multipliers[:-1]],
+                                  equal_nan=True)  # other horizons: reported, not tested
 
 
-def test_the_compute_multiplier_verdict_is_printed_per_arm_with_the_metrics_disagreement(fair, capsys):
+def test_the_compute_multiplier_verdict_is_printed_per_arm_with_what_each_metric_showed(fair, capsys):
     assert leaderboard_main([str(fair / "leaderboard.csv")], details=True) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert "holm across the 12 tests it reads; pays: compute multiplier M(B) above 1" in lines[0]
+    assert ("holm across the 12 tests it reads; pays: compute multiplier M(B), measured on the baseline's ladder, "
+            "above 1") in lines[0]
     assert "before every row: its planned readings are confirmatory" in lines[0]
-    # the isotonic ratios are printed, untested: no p adj, no verdict, no pays column
-    assert "Compute to reach mask0's value at each of its horizons (reported, not tested):" in out
-    targets = lines[lines.index("Compute to reach mask0's value at each of its horizons (reported, not tested):") + 1]
-    assert "p adj" not in targets and "pays" not in targets and targets.rstrip().endswith("reading")
-    assert "FLOPs ratio at horizon" not in out  # no disagreement read off untested ratios
+    # the measured M replaces the isotonic compute-to-target ratios: one name for one quantity
+    assert "Compute to reach mask0's value" not in out
+    assert "The measured compute multiplier M(C)" in out
     group = "synth/micro_s/b64/3.2e+13"
     verdicts = {line.split(": ")[1].split(" at B")[0].split()[-1]: line.split(": ")[2]
                 for line in lines if line.startswith(f"verdict: {group}")}
     assert verdicts == {"mask75": "pays", "mask75_then0": "does not pay", "mask75_until_cosine": "undecided"}
-    assert f"disagree: {group} mask75_until_cosine: M(B): undecided on FD, above 1 on val loss" in lines
-    assert not any(line.startswith(f"disagree: {group} mask75:") for line in lines)
+    (why,) = [line for line in lines if line.startswith(f"verdict: {group} mask75_until_cosine")]
+    assert "FD: no difference detected at B" in why and "val loss: better at B" in why
+    assert not any(line.startswith("disagree:") for line in lines)  # FD neither way, val loss better: no conflict
     table = lines[lines.index(next(line for line in lines if line.startswith("The plan's verdict at B"))) + 1:]
     assert table[0].split()[:4] == ["group", "arm", "metric", "Δ"] and "M p adj" in table[0]
+    assert "held out" not in table[0]  # the verdict reads no fit
     pays = [line for line in table if line.startswith(f"{group}  mask75 ")]
-    assert len(pays) == 2 and all(re.search(r"above 1 +held +pays +confirmatory$", line) for line in pays)
-    assert all(re.search(r"below 1 +held +does not pay +confirmatory$", line)
+    assert len(pays) == 2 and all(re.search(r"above 1 +pays +confirmatory$", line) for line in pays)
+    assert all(re.search(r"below 1 +does not pay +confirmatory$", line)
                for line in table if line.startswith(f"{group}  mask75_then0 "))
     assert leaderboard_main([str(fair / "leaderboard.csv")], "csv") == 0
     captured = capsys.readouterr()
     assert "The plan's verdict" not in captured.out and f"verdict: {group} mask75 at B" in captured.err
-    assert "not tested" in captured.out  # the CSV's ratio verdicts
 
 
-def test_a_failed_held_out_prediction_or_an_undetected_gap_keeps_an_arm_from_paying(tmp_path, capsys):
-    """mask75's val loss at B 15% below its curve: M(B) still above 1 and the difference lower, but its held-out
-    prediction fails (more than 5%, told from 0), so it is undecided, not "pays"."""
+def test_the_metrics_disagree_only_when_they_point_opposite_ways(tmp_path, capsys):
+    """mask75 with FD 40% worse at every point: better on val loss, worse on FD (M below 1): it does not pay and
+    the metrics disagree; without the ladder nothing past mask0's B is known, so its M(B) is a bound and no
+    verdict reads it below 1."""
     folder = tmp_path / "fair"
-    append_rows(folder / "leaderboard.csv", fair_rows(scale={"mask75": 0.85}))
-    write_plan(folder, written="2026-12-03T07:17:00+00:00", pays=MULTIPLIER_PAYS,
-               prediction_fails="paired relative error")
-    assert leaderboard_main([str(folder / "leaderboard.csv")]) == 0
+    append_rows(folder / "leaderboard.csv", fair_rows(fd_scale={"mask75": 1.4}))
+    write_plan(folder, written="2026-12-03T07:17:00+00:00", pays=MULTIPLIER_PAYS)
+    assert leaderboard_main([str(folder / "leaderboard.csv")], details=True) == 0
     lines = capsys.readouterr().out.splitlines()
     (line,) = [line for line in lines if line.startswith("verdict: synth/micro_s/b64/3.2e+13 mask75 at B")]
-    assert ": undecided: " in line and "val loss: held-out prediction failed" in line
-    assert ("disagree: synth/micro_s/b64/3.2e+13 mask75: the held-out check: held on FD, failed on val loss"
-            in lines)
+    assert ": does not pay: FD: worse at B" in line and "val loss: better at B" in line
+    assert "disagree: synth/micro_s/b64/3.2e+13 mask75: the metrics disagree: worse on FD, better on val loss" in lines
+
+
+def test_without_a_ladder_an_arm_better_than_the_baseline_at_b_reads_a_bound_and_no_verdict(tmp_path, capsys):
+    """No ladder: mask75 beats mask0's last horizon on every seed, so its M(B) is only a lower bound ("past the
+    ladder") and the arm is undecided, however clear its difference at B."""
+    folder = tmp_path / "fair"
+    append_rows(folder / "leaderboard.csv", fair_rows(ladder=False))
+    write_plan(folder, written="2026-12-03T07:17:00+00:00", pays=MULTIPLIER_PAYS)
+    assert leaderboard_main([str(folder / "leaderboard.csv")], details=True) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (line,) = [line for line in lines if line.startswith("verdict: synth/micro_s/b64/3.2e+13 mask75 at B")]
+    assert ": undecided: " in line and "M(B) at least" in line and "past the ladder" in line
 
 
 def test_a_gap_under_two_combined_sampling_errors_is_not_detected():

@@ -147,3 +147,20 @@ def test_other_cpus_are_read_and_said_other_draws_or_devices_are_set_aside():
     assert found.seeds == (0, 3, 4)
     assert any("seed(s) 1" in n and "draw_scheme" in n for n in found.notes)
     assert any("seed(s) 2" in n and "device" in n for n in found.notes)
+
+
+def test_on_a_steepening_baseline_the_fit_is_flagged_while_m_holds():
+    """The same steepening study with 0.2% eval noise: mask0's E + A·C^−α fitted on its horizons up to B
+    misses its own ladder at 2 B and 4 B (the check fails, so no fitted M past the ladder and no C* is shown),
+    while the measured M reads the truth, 1.5, within its interval at B."""
+    from maskbench.results.scaling import fit_groups
+    from maskbench.results.tables import render_scaling
+
+    rows = study(np.random.default_rng(8), 1.5, noise=0.002)
+    rows += [dict(row, run_id=row["run_id"] + "-own", budget_flops=B, point=row["train_flops"] / B)  # mask0's run to B
+             for row in rows if row["arm"] == "mask0" and row["train_flops"] <= B]
+    fit = next(f for f in fit_groups(rows, metrics=("val_loss",)) if f.budget == B)
+    assert fit.ladder_held is False and any(p.held is False for p in fit.ladder)
+    assert "fitted curves not shown" in render_scaling([fit])
+    found = {m.arm: m for m in measured_multipliers(rows, metrics=("val_loss",))}
+    assert found["mask75"].at_budget.lo <= 1.5 <= found["mask75"].at_budget.hi

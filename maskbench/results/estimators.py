@@ -283,7 +283,8 @@ def ratio_summary(ratios: Sequence[float], level: float = 0.95, bounds: Sequence
     """Summary of per-seed ratios, bounds[i] the bound of ratio i ("" by default); None for no seeds or
     for a NaN among them (a run without the compute column). With `test_bounds`, bounds of one direction are
     tested as if they were values (a test that can only err towards 1, so its reading holds in the bound's
-    direction: the measured compute multiplier's T2), and bounds of both directions give None."""
+    direction: the measured compute multiplier's T2) as long as one seed is a value (bounds alone say how far
+    the ladder reached, not what the arm did: no test), and bounds of both directions give None."""
     if not ratios or any(math.isnan(r) for r in ratios):
         return None
     bounds = list(bounds) or [""] * len(ratios)
@@ -292,7 +293,7 @@ def ratio_summary(ratios: Sequence[float], level: float = 0.95, bounds: Sequence
     bound = ">" if ">" in bounds else "<=" if "<=" in bounds else ""
     logs = np.log(np.asarray(ratios, dtype=float))
     mean, half = mean_ci(logs, level)
-    tested = logs.size > 1 and (test_bounds or not bound)
+    tested = logs.size > 1 and (not bound or (test_bounds and "" in bounds))  # bounds alone measure the reach
     p = _two_sided_p(mean, _sem(logs), logs.size - 1) if tested else math.nan
     return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(ratios), bounds.count(">"),
                  p=p, p_adj=p, bound=bound)
@@ -319,12 +320,14 @@ def ratio_verdict(ratio: Ratio | None, alpha: float) -> str:
 
 
 def agreement(verdicts: Sequence[str]) -> str:
-    """"disagree" when the metrics' verdicts point different ways: one better (or pays), another worse
-    (or does not pay) or nothing detected; "agree" when they all point the same way, nothing detected
-    included; "" for fewer than two verdicts."""
+    """"disagree" only when the metrics' verdicts point opposite ways: one better (or pays), another worse (or
+    does not pay); "partly" when some detect a direction and others nothing; "agree" when they all point the
+    same way, nothing detected included; "" for fewer than two verdicts. Nothing detected is not the opposite
+    of better: calling that a disagreement would read an underpowered metric as a contrary one."""
     if len(verdicts) < 2:
         return ""
-    return "agree" if len({_direction(v) for v in verdicts}) == 1 else "disagree"
+    directions = {_direction(v) for v in verdicts}
+    return "agree" if len(directions) == 1 else "disagree" if {1, -1} <= directions else "partly"
 
 
 def _direction(verdict_: str) -> int:

@@ -10,12 +10,12 @@ A plan reads "pays" by one of two rules (`Family.rule`):
   and the isotonic compute-to-target ratio at each of the baseline's horizons; an arm pays where that ratio
   lies below 1 on every planned metric (`Family.pays`).
 - `MULTIPLIER` (`pays.ratio: compute multiplier` in PLAN.md, results/fair/PLAN.md's): the tests are, per arm
-  and planned metric, T1 the paired difference arm − baseline at B (the largest budget point) and T2 log M(B)
-  of the compute curves fitted on every horizon against 0 (`scaling.ArmFit.multipliers[-1]`), corrected
-  together (`correct_study`); compute-to-target ratios are reported, not tested. An arm pays at B when, after
-  the correction, M(B) lies above 1 on every planned metric, T1 points the same way (the arm better on every
-  one, by a gap of at least 2 combined sampling errors) and no held-out prediction of its curves failed; it
-  does not pay when M(B) lies below 1 on any; otherwise it is undecided (`multiplier_verdicts`).
+  and planned metric, T1 the paired difference arm − baseline at B (the largest budget point) and T2 log M(B),
+  the compute multiplier *measured* on the baseline's ladder (`multiplier.ArmMultiplier.at_budget`), against
+  0, corrected together (`correct_study`); nothing else is tested and no fitted curve is read. An arm pays at
+  B when, after the correction, M(B) lies above 1 on every planned metric and T1 points the same way (the arm
+  better on every one, by a gap of at least 2 combined sampling errors); it does not pay when M(B) lies below
+  1 on any; otherwise it is undecided, and its verdict says what each metric showed (`multiplier_verdicts`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 
 from maskbench.metrics import CO_PRIMARY, get_metric
 from maskbench.results.estimators import Difference, Ratio, holm
-from maskbench.results.scaling import GroupFit
-from maskbench.results.summary import DETECTED_SES, Comparison, Summary, detected_difference
+from maskbench.results.multiplier import ArmMultiplier
+from maskbench.results.summary import Comparison, Summary, detected_difference
 from maskbench.results.summary import gap_detected as _gap_detected
 
 CORRECTIONS = ("holm", "none")
@@ -138,25 +138,26 @@ def _adjusted(c: Comparison, p_adj: Iterator[float], family: Family) -> Comparis
 
 
 # ------------------------------------------------------------------------ the compute-multiplier rule
-def correct_study(summary: Sequence[Summary], fits: Sequence[GroupFit],
-                  family: Family) -> tuple[list[Summary], list[GroupFit], int]:
-    """The summary and the compute curves with the family's tests corrected together, and how many there are.
+def correct_study(summary: Sequence[Summary], measured: Sequence[ArmMultiplier],
+                  family: Family) -> tuple[list[Summary], list[ArmMultiplier], int]:
+    """The summary and the measured multipliers with the family's tests corrected together, and how many.
 
-    Under the `RATIO` rule this is `correct` (the fits carry no test). Under `MULTIPLIER` the family is, per
-    arm and planned metric, T1 the difference at the final point (B) and T2 log M(B) of the fit on every
-    horizon (`ArmFit.multipliers[-1]`), adjusted together (Holm across T1 and T2); nothing else is tested.
-    Each difference's verdict is re-read at its corrected p (`corrected_difference`) and then, where its gap
-    is under DETECTED_SES combined sampling errors, said to be not detected (`detected_difference`); M(B)
-    takes its corrected p as `p_adj`."""
+    Under the `RATIO` rule this is `correct` (the multipliers carry no test). Under `MULTIPLIER` the family is,
+    per arm and planned metric, T1 the difference at the final point (B) and T2 log M(B), the *measured*
+    multiplier read off the baseline's ladder (`multiplier.ArmMultiplier.at_budget`), adjusted together (Holm
+    across T1 and T2); nothing else is tested. Each difference's verdict is re-read at its corrected p
+    (`corrected_difference`) and then, where its gap is under DETECTED_SES combined sampling errors, said to be
+    not detected (`detected_difference`); M(B) takes its corrected p as `p_adj`. The baseline's own shorter
+    runs, read on its ladder as a check, are not tested."""
     if family.rule != MULTIPLIER:
         corrected, tests = correct(summary, family)
-        return corrected, list(fits), tests
+        return corrected, list(measured), tests
     first = [(i, metric) for i, record in enumerate(summary) for metric in record.comparisons
              if family.planned(metric)]
-    second = [(j, k) for j, fit in enumerate(fits) if family.planned(fit.metric, M_AXIS)
-              for k, arm in enumerate(fit.arms) if arm.multipliers and arm.multipliers[-1] is not None]
+    second = [j for j, found in enumerate(measured) if family.planned(found.metric, M_AXIS)
+              and found.arm != found.baseline and found.at_budget is not None]
     pvalues = ([summary[i].comparisons[metric].difference.p for i, metric in first]
-               + [fits[j].arms[k].multipliers[-1].p for j, k in second])
+               + [measured[j].at_budget.p for j in second])
     adjusted = adjust(pvalues, family)
     records = list(summary)
     for (i, metric), p in zip(first, adjusted[:len(first)]):
@@ -164,12 +165,10 @@ def correct_study(summary: Sequence[Summary], fits: Sequence[GroupFit],
         difference = detected_difference(corrected_difference(c.difference, float(p), family))
         records[i] = replace(records[i], comparisons={**records[i].comparisons,
                                                       metric: replace(c, difference=difference)})
-    out = list(fits)
-    for (j, k), p in zip(second, adjusted[len(first):]):
-        arms = list(out[j].arms)
-        multipliers = arms[k].multipliers
-        arms[k] = replace(arms[k], multipliers=(*multipliers[:-1], replace(multipliers[-1], p_adj=float(p))))
-        out[j] = replace(out[j], arms=tuple(arms))
+    out = list(measured)
+    for j, p in zip(second, adjusted[len(first):]):
+        found = out[j]
+        out[j] = replace(found, multipliers=(*found.multipliers[:-1], replace(found.at_budget, p_adj=float(p))))
     return records, out, int(np.sum(~np.isnan(np.asarray(pvalues, dtype=float))))
 
 
@@ -178,25 +177,50 @@ class MetricVerdict:
     """One arm's reading on one planned metric under the `MULTIPLIER` rule."""
     metric: str
     difference: Difference | None  # T1, corrected (None: no comparison with the baseline)
-    multiplier: Ratio | None       # T2: M(B) with its corrected p (None: no compute curve)
+    multiplier: Ratio | None       # T2: the measured M(B) with its corrected p (None: not read)
     direction: str                 # T1's sign: "lower", "higher", "not detected" (gap under 2 SEs), "" (none)
-    side: str                      # M(B): "above 1", "below 1" (each after the correction), "undecided", "no fit"
-    held_out: str                  # "held", "failed", "not judged" (one seed), "no held-out check"
+    side: str                      # M(B): "above 1", "below 1" (after the correction), "undecided", "not read"
 
     @property
     def agrees(self) -> bool:
         """T1 points the arm's better way (lower, for FD and val loss)."""
         return self.direction == ("lower" if get_metric(self.metric).lower_is_better else "higher")
 
+    @property
+    def t1_word(self) -> str:
+        """T1 as its corrected test reads it: "better", "worse" or "" (nothing detected, or no comparison)."""
+        verdict_ = self.difference.verdict if self.difference else ""
+        return "better" if verdict_.startswith("better") else "worse" if verdict_.startswith("worse") else ""
+
+    @property
+    def leaning(self) -> int:
+        """Where this metric points, from what its tests detected: +1 the arm better (M above 1, or T1 better
+        with M not against it), −1 worse, 0 neither (nothing detected, or M and T1 at odds)."""
+        m = {"above 1": 1, "below 1": -1}.get(self.side, 0)
+        t = {"better": 1, "worse": -1}.get(self.t1_word, 0)
+        return (m or t) if m * t >= 0 else 0
+
+    def reading(self) -> str:
+        """What this metric shows, in words: T1 at B as its corrected test reads it, and M(B)'s side."""
+        label = get_metric(self.metric).label
+        t1 = (f"{self.t1_word} at B" if self.t1_word else
+              "no difference at B" if self.difference is None else "no difference detected at B")
+        m = self.multiplier
+        if m is None:
+            return f"{label}: {t1}; M(B) not read"
+        bound = {">": "at least ", "<=": "at most "}.get(m.bound, "")
+        p = "" if math.isnan(m.p_adj) else f", p adj {m.p_adj:.2g}"
+        return f"{label}: {t1}; M(B) {bound}{m.geomean:.3g}{p}: {self.side}"
+
 
 @dataclass(frozen=True)
 class ArmVerdict:
-    """One arm's verdict at B under the `MULTIPLIER` rule: pays, does not pay or undecided, why, and every
-    place its metrics disagree."""
+    """One arm's verdict at B under the `MULTIPLIER` rule: pays, does not pay or undecided, why, and whether
+    its metrics point opposite ways."""
     group: tuple
     arm: str
     baseline: str
-    budget: float | None           # B, the FLOPs of the group's largest horizon (None without a fit)
+    budget: float | None           # B, the arm's largest horizon's FLOPs (None without a measured M)
     verdict: str
     why: str
     metrics: tuple[MetricVerdict, ...]
@@ -204,25 +228,27 @@ class ArmVerdict:
     reading: str                   # confirmatory or exploratory
 
 
-def multiplier_verdicts(summary: Sequence[Summary], fits: Sequence[GroupFit], family: Family) -> list[ArmVerdict]:
-    """Each compared arm's verdict at B by the `MULTIPLIER` rule, from the corrected summary and fits
-    (`correct_study`): pays when M(B) lies above 1 after the correction on every planned metric, T1 is
-    lower (better) on every one by a detected gap and every held-out prediction of the arm held; does not pay
-    when M(B) lies below 1 after the correction on any; undecided otherwise. [] under the `RATIO` rule."""
+def multiplier_verdicts(summary: Sequence[Summary], measured: Sequence[ArmMultiplier],
+                        family: Family) -> list[ArmVerdict]:
+    """Each compared arm's verdict at B by the `MULTIPLIER` rule, from the corrected summary and measured
+    multipliers (`correct_study`): pays when the measured M(B) lies above 1 after the correction on every
+    planned metric and T1 is better on every one by a detected gap; does not pay when M(B) lies below 1
+    after the correction on any; undecided otherwise, with what each metric shows. No fit is read. [] under
+    the `RATIO` rule."""
     if family.rule != MULTIPLIER:
         return []
     metrics = family.metrics or CO_PRIMARY
     records = {(r.group, r.arm): r for r in summary if r.comparisons}
-    curves = {(fit.group, fit.metric): fit for fit in fits}
-    arms = dict.fromkeys([*records, *((fit.group, arm.arm) for fit in fits for arm in fit.arms if arm.multipliers)])
+    readings = {(m.group, m.arm, m.metric): m for m in measured if m.arm != m.baseline}
+    arms = dict.fromkeys([*records, *((group, arm) for group, arm, _ in readings)])
     out = []
     for group, arm in arms:
         record = records.get((group, arm))
-        found = tuple(_metric_verdict(record, curves.get((group, metric)), arm, metric, family.alpha)
+        found = tuple(_metric_verdict(record, readings.get((group, arm, metric)), metric, family.alpha)
                       for metric in metrics)
-        budgets = [curves[group, m].budget for m in metrics if (group, m) in curves]
+        budgets = [m.flops[-1] for metric in metrics if (m := readings.get((group, arm, metric)))]
         baselines = [c.baseline for c in (record.comparisons.values() if record else ())]
-        baselines += [curves[group, m].baseline for m in metrics if (group, m) in curves]
+        baselines += [m.baseline for metric in metrics if (m := readings.get((group, arm, metric)))]
         verdict, why = _arm_verdict(found)
         labels = {family.reading(m, M_AXIS) for m in metrics}
         out.append(ArmVerdict(group, arm, baselines[0], budgets[0] if budgets else None, verdict, why, found,
@@ -230,59 +256,47 @@ def multiplier_verdicts(summary: Sequence[Summary], fits: Sequence[GroupFit], fa
     return out
 
 
-def _metric_verdict(record: Summary | None, fit: GroupFit | None, arm: str, metric: str,
+def _metric_verdict(record: Summary | None, measured: ArmMultiplier | None, metric: str,
                     alpha: float) -> MetricVerdict:
     c = record.comparisons.get(metric) if record else None
     difference = c.difference if c else None
     direction = ""
     if difference is not None and difference.mean != 0:
         direction = "not detected" if not _gap_detected(difference) else "lower" if difference.mean < 0 else "higher"
-    arm_fit = next((a for a in fit.arms if a.arm == arm), None) if fit else None
-    multiplier = arm_fit.multipliers[-1] if arm_fit and arm_fit.multipliers else None
-    side = ("no fit" if multiplier is None else "undecided" if not multiplier.p_adj < alpha
-            else "above 1" if multiplier.geomean > 1 else "below 1")
-    checks = [p.failed for p in fit.held_out if p.arm == arm] if fit else []
-    held = ("no held-out check" if not checks else "failed" if True in checks else "not judged" if None in checks
-            else "held")
-    return MetricVerdict(metric, difference, multiplier, direction, side, held)
+    multiplier = measured.at_budget if measured else None
+    return MetricVerdict(metric, difference, multiplier, direction, _side(multiplier, alpha))
+
+
+def _side(m: Ratio | None, alpha: float) -> str:
+    """M(B)'s side after the correction. A lower bound (some seeds beat the ladder's end) can only understate
+    M, so it may read "above 1" and never "below 1"; an upper bound the reverse; bounds on every seed, no test
+    ("past the ladder")."""
+    if m is None:
+        return "not read"
+    if m.bound and math.isnan(m.p):
+        return "past the ladder" if m.bound == ">" else "before the ladder"
+    if not m.p_adj < alpha:
+        return "undecided"
+    side = "above 1" if m.geomean > 1 else "below 1"
+    against = {">": "below 1", "<=": "above 1"}.get(m.bound)
+    return "undecided" if side == against else side
 
 
 def _arm_verdict(found: Sequence[MetricVerdict]) -> tuple[str, str]:
-    """The verdict and why, from the metrics' readings."""
-    def label(v: MetricVerdict) -> str:
-        return get_metric(v.metric).label
-
-    def p_adj(v: MetricVerdict) -> str:
-        return f"p adj {v.multiplier.p_adj:.2g}" if v.multiplier and not math.isnan(v.multiplier.p_adj) else "no p"
-
+    """The verdict and why: each metric's reading, in words."""
     below = [v for v in found if v.side == "below 1"]
     if below:
-        return "does not pay", "; ".join(f"M(B) below 1 on {label(v)} ({p_adj(v)})" for v in below)
-    if all(v.side == "above 1" and v.agrees and v.held_out == "held" for v in found):
-        return "pays", ("M(B) above 1 on " + " and ".join(f"{label(v)} ({p_adj(v)})" for v in found)
-                        + ", the difference at B lower on every one, every held-out prediction held")
-    missing = []
-    for v in found:
-        if v.side != "above 1":
-            missing.append(f"{label(v)}: M(B) {v.side}" + (f" ({p_adj(v)})" if v.multiplier else ""))
-        if not v.agrees:
-            missing.append(f"{label(v)}: the difference at B " + (
-                {"": "is missing", "not detected": f"is under {DETECTED_SES:g} combined sampling errors: not detected"}
-                .get(v.direction, f"is {v.direction}, against M")))
-        if v.held_out != "held":
-            missing.append(f"{label(v)}: held-out prediction {v.held_out}")
-    return "undecided", "; ".join(missing)
+        return "does not pay", "; ".join(v.reading() for v in found)
+    if all(v.side == "above 1" and v.agrees for v in found):
+        return "pays", "; ".join(v.reading() for v in found)
+    return "undecided", "; ".join(v.reading() for v in found)
 
 
 def _metric_disagreements(found: Sequence[MetricVerdict]) -> tuple[str, ...]:
-    """Where the planned metrics part: M(B)'s side, T1's direction, the held-out check."""
-    if len(found) < 2:
-        return ()
-    lines = []
-    for what, values in (("M(B)", [v.side for v in found]), ("the difference at B", [v.direction or "missing"
-                                                                                     for v in found]),
-                         ("the held-out check", [v.held_out for v in found])):
-        if len(set(values)) > 1:
-            lines.append(f"{what}: " + ", ".join(f"{value} on {get_metric(v.metric).label}"
-                                                 for v, value in zip(found, values)))
-    return tuple(lines)
+    """"the metrics disagree" only where one metric points the arm's better way and another its worse one."""
+    leanings = {v.leaning for v in found}
+    if {1, -1} <= leanings:
+        words = {1: "better", -1: "worse", 0: "neither"}
+        return ("the metrics disagree: " + ", ".join(f"{words[v.leaning]} on {get_metric(v.metric).label}"
+                                                     for v in found),)
+    return ()

@@ -89,12 +89,11 @@ class Ladder:
         return float(math.exp(inverse(-target))), ""
 
 
-def make_ladder(run: Sequence[Row], metric: str) -> Ladder | None:
-    """A baseline run's rows as a `Ladder` (None with no row recording the metric), its points weighted by
-    1/SE² on the scaled axis (`curve_errors`; equal where the rows carry none) so that a noisy horizon does
-    not outvote a precise one where the raw curve goes the wrong way."""
-    rows = sorted((row for row in run if row[metric] is not None and row["train_flops"]),
-                  key=lambda row: row["train_flops"])
+def make_ladder(run: Sequence[Row], metric: str, axis: str = "train_flops") -> Ladder | None:
+    """A baseline run's rows as a `Ladder` on the compute `axis` (None with no row recording the metric and the
+    axis), its points weighted by 1/SE² on the scaled axis (`curve_errors`; equal where the rows carry none) so
+    that a noisy horizon does not outvote a precise one where the raw curve goes the wrong way."""
+    rows = sorted((row for row in run if row[metric] is not None and row[axis]), key=lambda row: row[axis])
     if not rows:
         return None
     values = np.asarray([row[metric] for row in rows], dtype=float)
@@ -103,7 +102,7 @@ def make_ladder(run: Sequence[Row], metric: str) -> Ladder | None:
     if errors and min(errors) > 0:  # d log L = dL / L: the error on the log axis is the relative error
         on_axis = np.asarray(errors) / (values if get_metric(metric).lower_is_better else 1.0)
         weights = list(1 / on_axis**2)
-    points = list(zip(np.log([row["train_flops"] for row in rows]), scaled(metric, values)))
+    points = list(zip(np.log([row[axis] for row in rows]), scaled(metric, values)))
     log_flops, fitted = monotone_fit(points, higher_is_better=False, weights=weights)
     return Ladder(metric, log_flops, fitted, rows[-1])
 
@@ -138,7 +137,9 @@ class ArmMultiplier:
     readings: tuple[tuple[SeedReading, ...], ...]  # per horizon, per seed
     trend: Estimate | None                         # mean d log M / d log C over seeds, and its half-width
     trend_seeds: int                               # the seeds with >= 2 values of M (the trend's n)
-    reach: float                                   # the ladders' last horizon (mean FLOPs over seeds)
+    reach: float                                   # the ladders' last horizon (mean over seeds, on `axis`)
+    axis: str = "train_flops"                      # the compute M is a ratio of: FLOPs, or device-hours
+    charged: bool = False                          # the arm's auxiliary FLOPs (`AUXILIARY`) added to its C
     notes: tuple[str, ...] = ()
 
     @property
@@ -151,19 +152,33 @@ class ArmMultiplier:
         return tuple(sorted({r.seed for horizon in self.readings for r in horizon}))
 
 
+AUXILIARY = "encoder_flops"  # compute an arm spent outside its training steps (REPA's encoder's pretraining)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How M is read: on which compute axis, and whether the arm's auxiliary FLOPs are charged to it."""
+    axis: str = "train_flops"
+    charged: bool = False
+
+
 def measured_multipliers(rows: Sequence[Row], baseline: str = "mask0", metrics: Sequence[str] = ("fid", "val_loss"),
-                         level: float = 0.95, size_tolerance: float | None = SIZE_TOLERANCE) -> list[ArmMultiplier]:
+                         level: float = 0.95, size_tolerance: float | None = SIZE_TOLERANCE,
+                         how: Reading = Reading()) -> list[ArmMultiplier]:
     """Every arm's measured M, per leaderboard group and metric, against the ladder of the baseline in the
     group's family (same data, model, batch and start, any budget). The baseline's own runs of the group
-    are read too when its ladder is another run: their M should be 1 (a check on the ladder)."""
-    groups = measured_groups(rows)
+    are read too when its ladder is another run: their M should be 1 (a check on the ladder).
+
+    `how.axis` "gpu_hours" reads M in device-hours, and only between rows of one device model (another
+    model's hour is another unit: those seeds are set aside as "different devices"). `how.charged` adds each
+    row's auxiliary FLOPs (`AUXILIARY`) to the arm's compute, as the cost of what it brought from outside."""
     out = []
-    for key, group in groups.items():
-        family = [row for k, g in groups.items() if _family(k) == _family(key) for row in g if row["arm"] == baseline]
+    for key, group in measured_groups(rows).items():
+        family = family_rows(rows, key, baseline)
         for metric in metrics:
-            ladders = _ladders(family, metric)
+            ladders = _ladders(family, metric, how.axis)
             for arm, runs in _runs(group).items():
-                found = _arm_multiplier(key, metric, arm, baseline, runs, ladders, level, size_tolerance)
+                found = _arm_multiplier(key, metric, arm, baseline, runs, ladders, level, size_tolerance, how)
                 if found is not None:
                     out.append(found)
     return out
@@ -183,9 +198,9 @@ def _runs(group: Sequence[Row]) -> dict[str, dict[int, list[Row]]]:
     return {arm: dict(by_seed) for arm, by_seed in sorted(runs.items())}
 
 
-def _ladders(baseline_rows: Sequence[Row], metric: str) -> dict[int, Ladder]:
-    """Per seed, the baseline's run that reaches furthest, as a `Ladder`: one run, so one machine and one
-    stream of draws, however many shorter runs of the seed there are."""
+def ladder_runs(baseline_rows: Sequence[Row]) -> dict[int, list[Row]]:
+    """Per seed, the baseline's run that reaches furthest (its rows): one run, so one machine and one stream
+    of draws, however many shorter runs of the seed there are."""
     by_run: dict[str, list[Row]] = defaultdict(list)
     for row in baseline_rows:
         by_run[row["run_id"]].append(row)
@@ -194,16 +209,33 @@ def _ladders(baseline_rows: Sequence[Row], metric: str) -> dict[int, Ladder]:
         seed, reach = run[0]["seed"], max(row["train_flops"] or 0 for row in run)
         if seed not in furthest or reach > max(row["train_flops"] or 0 for row in furthest[seed]):
             furthest[seed] = run
-    return {seed: ladder for seed, run in furthest.items() if (ladder := make_ladder(run, metric)) is not None}
+    return furthest
 
 
-def ladder_mismatch(row: Row, ladder_row: Row, size_tolerance: float | None) -> tuple[list[str], str]:
+def _ladders(baseline_rows: Sequence[Row], metric: str, axis: str) -> dict[int, Ladder]:
+    """Per seed, `ladder_runs`' run as a `Ladder` of the metric on the compute axis."""
+    return {seed: ladder for seed, run in ladder_runs(baseline_rows).items()
+            if (ladder := make_ladder(run, metric, axis)) is not None}
+
+
+def family_rows(rows: Sequence[Row], key: tuple, arm: str) -> list[Row]:
+    """An arm's measured rows in a group's family: the group's data, model, batch and start, any budget."""
+    return [row for k, g in measured_groups(rows).items() if _family(k) == _family(key) for row in g
+            if row["arm"] == arm]
+
+
+def ladder_mismatch(row: Row, ladder_row: Row, size_tolerance: float | None,
+                    axis: str = "train_flops") -> tuple[list[str], str]:
     """Why a run may not be read on a ladder (`summary.condition_mismatch`: precision, draws, size, or the
-    device's kind) and, apart, a note when the two ran on different CPU models: a curve's point, unlike a
-    paired difference, tolerates the float rounding two CPUs differ by (results/fair/PLAN.md measured it at
-    about one sampling error by B), so it is said, not refused."""
+    device's kind) and, apart, a note when the two ran on different CPU models: on FLOPs a curve's point,
+    unlike a paired difference, tolerates the float rounding two CPUs differ by (results/fair/PLAN.md measured
+    it at about one sampling error by B), so it is said, not refused. On device-hours it is refused: the
+    hours of two device models are not one unit."""
     fields = condition_mismatch(row, ladder_row, size_tolerance)
     devices = [row.get("device") or "", ladder_row.get("device") or ""]
+    if devices[0] != devices[1] and axis != "train_flops":
+        return [f for f in fields if not f.startswith("device (")] + [
+            f"different devices ({devices[0] or 'unknown'} vs {devices[1] or 'unknown'})"], ""
     if all(device.startswith("cpu") for device in devices) and devices[0] != devices[1]:
         fields = [field for field in fields if not field.startswith("device (")]
         return fields, f"device ({devices[0]} vs the ladder's {devices[1]})"
@@ -211,24 +243,25 @@ def ladder_mismatch(row: Row, ladder_row: Row, size_tolerance: float | None) -> 
 
 
 def _arm_multiplier(key: tuple, metric: str, arm: str, baseline: str, runs: dict[int, list[Row]],
-                    ladders: dict[int, Ladder], level: float, size_tolerance: float | None) -> ArmMultiplier | None:
+                    ladders: dict[int, Ladder], level: float, size_tolerance: float | None,
+                    how: Reading) -> ArmMultiplier | None:
     """One arm's M at each of its horizons over the seeds that have a ladder it may be read on."""
     readable, set_aside, machines = {}, {}, set()
     for seed, run in sorted(runs.items()):
         ladder = ladders.get(seed)
         if ladder is None or (arm == baseline and run[-1]["run_id"] == ladder.row["run_id"]):
             continue  # no ladder for this seed; or the run is the ladder itself, M ≡ 1
-        fields, machine = ladder_mismatch(run[-1], ladder.row, size_tolerance)
+        fields, machine = ladder_mismatch(run[-1], ladder.row, size_tolerance, how.axis)
         if fields:
             set_aside[seed] = ", ".join(fields)
             continue
-        readable[seed] = [row for row in run if row[metric] is not None and row["train_flops"]]
+        readable[seed] = [row for row in run if row[metric] is not None and row[how.axis]]
         machines |= {machine} if machine else set()
     points = sorted({row["point"] for run in readable.values() for row in run})
     if not points:
         return None
-    readings = tuple(tuple(SeedReading(seed, row["train_flops"], row[metric],
-                                       *seed_multiplier(ladders[seed], row["train_flops"], row[metric]))
+    readings = tuple(tuple(SeedReading(seed, _compute(row, how), row[metric],
+                                       *seed_multiplier(ladders[seed], _compute(row, how), row[metric]))
                            for seed, run in readable.items() for row in run if row["point"] == point)
                      for point in points)
     multipliers = tuple(ratio_summary([r.multiplier for r in horizon], level, [r.bound for r in horizon],
@@ -239,7 +272,12 @@ def _arm_multiplier(key: tuple, metric: str, arm: str, baseline: str, runs: dict
     return ArmMultiplier(key, metric, arm, baseline, tuple(points),
                          tuple(float(np.mean([r.flops for r in horizon])) for horizon in readings), multipliers,
                          readings, trend, trend_seeds, float(np.mean([ladders[s].reach for s in readable])),
-                         tuple(notes))
+                         how.axis, how.charged, tuple(notes))
+
+
+def _compute(row: Row, how: Reading) -> float:
+    """The arm's compute at a row on the reading's axis, its auxiliary FLOPs added when charged."""
+    return row[how.axis] + ((row.get(AUXILIARY) or 0.0) if how.charged else 0.0)
 
 
 def _trend(readings: Sequence[Sequence[SeedReading]], level: float) -> tuple[Estimate | None, int]:

@@ -44,6 +44,7 @@ from maskbench.results.multiplicity import (
     correct_study,
     multiplier_verdicts,
 )
+from maskbench.results.multiplier import ArmMultiplier, measured_multipliers
 from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, FAILURE_RULES, GroupFit, fit_groups
 from maskbench.results.summary import SIZE_TOLERANCE, Summary, summarize
 from maskbench.results.tables import (
@@ -51,6 +52,7 @@ from maskbench.results.tables import (
     FORMATS,
     WIDTH,
     render,
+    render_multipliers,
     render_scaling,
     render_verdicts,
     wrap_lines,
@@ -99,9 +101,9 @@ class Plan:
                   f"of them are exploratory" if early else
                   f"written {self.written.isoformat()}, before every row: its planned readings are confirmatory")
         pays = (f"{COMPUTE[self.pays]} ratio {PAYS_INTERVAL} on every primary metric" if self.rule == RATIO else
-                f"compute multiplier M(B) {PAYS_MULTIPLIER_INTERVAL} on every primary metric, the difference at B "
-                f"agreeing and no held-out prediction failed (tests: the difference at B and log M(B) per arm and "
-                f"primary metric; compute-to-target ratios reported, not tested)")
+                f"compute multiplier M(B), measured on the baseline's ladder, {PAYS_MULTIPLIER_INTERVAL} on every "
+                f"primary metric and the difference at B agreeing (tests: the difference at B and log M(B) per arm "
+                f"and primary metric; no fitted curve read)")
         return (f"plan {self.path} ({self.study}): primary {', '.join(self.primary)}; baseline {self.baseline}; "
                 f"{TEST}, alpha {self.alpha:g}; {self.correction} across the {tests} tests it reads; pays: "
                 f"{pays}; {status}")
@@ -260,9 +262,11 @@ def _plan_for(paths: Sequence[str], plan: str | None) -> Plan | None:
 
 @dataclass(frozen=True)
 class Analysis:
-    """What the report reads off the rows under a family: the corrected summary, the compute curves (their
-    M(B) corrected too under the compute-multiplier rule), the verdicts of that rule, and the family's size."""
+    """What the report reads off the rows under a family: the corrected summary, the measured compute
+    multipliers (M(B) corrected too under the compute-multiplier rule), the fitted curves (exploratory,
+    shown only where their ladder check held), the verdicts of that rule, and the family's size."""
     summary: list[Summary]
+    measured: list[ArmMultiplier]
     fits: list[GroupFit]
     verdicts: list[ArmVerdict]
     tests: int
@@ -270,20 +274,20 @@ class Analysis:
 
 def analyse_rows(rows: Sequence[Row], plan: Plan | None, baseline: str, family: Family,
                  fits: bool = True, size_tolerance: float | None = SIZE_TOLERANCE) -> Analysis:
-    """Summarise, fit the compute curves (when `fits`, or always under the compute-multiplier rule, whose
-    tests include them), correct the family's tests together (`multiplicity.correct_study`) and read the
-    verdicts. Under the ratio rule (and without a plan) the curves are FD's and val loss's, as always; under
-    the compute-multiplier rule, the plan's primary metrics' too."""
+    """Summarise, read the measured compute multipliers off the baseline's ladder (`multiplier`), fit the
+    compute curves when `fits` (exploratory: no verdict reads them), correct the family's tests together
+    (`multiplicity.correct_study`) and read the verdicts. M and the curves are read for the metrics that fall
+    towards a floor: FD and val loss, and a plan's lower-is-better primary metrics."""
     summary = summarize(rows, baseline, family.compared(), 1 - family.alpha, size_tolerance)
-    found: list[GroupFit] = []
-    if fits or family.rule == MULTIPLIER:
-        metrics = (CO_PRIMARY if family.rule == RATIO else
-                   tuple(m for m in family.compared() if get_metric(m).lower_is_better))
-        found = fit_groups(rows, baseline, metrics, level=1 - family.alpha,
-                           within=plan.crossover_within if plan else CROSSOVER_WITHIN,
-                           rule=plan.prediction_fails if plan else DEFAULT_RULE, size_tolerance=size_tolerance)
-    summary, found, tests = correct_study(summary, found, family)
-    return Analysis(summary, found, multiplier_verdicts(summary, found, family), tests)
+    metrics = (CO_PRIMARY if family.rule == RATIO else
+               tuple(m for m in family.compared() if get_metric(m).lower_is_better))
+    measured = measured_multipliers(rows, baseline, metrics, 1 - family.alpha, size_tolerance)
+    found = fit_groups(rows, baseline, metrics, level=1 - family.alpha,
+                       within=plan.crossover_within if plan else CROSSOVER_WITHIN,
+                       rule=plan.prediction_fails if plan else DEFAULT_RULE,
+                       size_tolerance=size_tolerance) if fits else []
+    summary, measured, tests = correct_study(summary, measured, family)
+    return Analysis(summary, measured, found, multiplier_verdicts(summary, measured, family), tests)
 
 
 def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
@@ -335,6 +339,8 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         compact = fmt == "table" and not details
         _print_plan_line(applied.describe(rows, analysis.tests), fmt, compact)
         print(render(summary, fmt, family, details))
+        if fmt != "csv" and analysis.measured:
+            print("\n" + render_multipliers(analysis.measured, fmt, 1 - family.alpha))
         if fits and fmt != "csv":
             print("\n" + render_scaling(fits, fmt, 1 - family.alpha, details))
         if analysis.verdicts:

@@ -37,13 +37,27 @@ from typing import NamedTuple
 import numpy as np
 import scipy.optimize
 
+from maskbench.config.schema import TrainConfig
 from maskbench.metrics import CO_PRIMARY
-from maskbench.results.estimators import Estimate, Ratio, curve_errors, mean_ci, ratio_summary, sampling_ses
+from maskbench.results.estimators import (
+    Estimate,
+    Ratio,
+    curve_errors,
+    mean_ci,
+    ratio_summary,
+    sampling_se,
+    sampling_ses,
+)
 from maskbench.results.leaderboard import Row
+from maskbench.results.multiplier import family_rows, ladder_runs
 from maskbench.results.summary import SIZE_TOLERANCE, measured_groups, paired_by_condition
 
-MIN_HORIZONS = 3          # a curve has two parameters of its own besides the shared floor
+WARMUP_STEPS = TrainConfig.warmup_steps  # the rows do not record the warm-up; the default's is the studies'.
+
+MIN_HORIZONS = 3          # a curve has three parameters (E, A, α)
 CROSSOVER_WITHIN = 10.0   # k: a crossover is read within [B/k, k·B], and is "none within k× of B" elsewhere
+WARMUP_FACTOR = 4         # a horizon of fewer steps than 4× the LR warm-up is left out of every fit (fair PLAN)
+LADDER_TOLERANCE = 3.0    # the ladder check holds when its error's interval lies within ± this many SEs
 
 
 class Interval(NamedTuple):
@@ -64,26 +78,60 @@ class Points:
 
 @dataclass(frozen=True)
 class SeedFit:
-    """One seed's curves, L_a(C) = floor + amplitude[a] · (C / budget)^(−exponent[a]), for every arm fitted."""
+    """One seed's curves, L_a(C) = E_a + amplitude[a] · (C / budget)^(−exponent[a]), for every arm fitted: one
+    floor shared by the arms (`fit_seed`), or each arm's own (`floors`, `fit_apart`)."""
     seed: int
     budget: float                  # B
-    floor: float                   # E, shared by the arms
+    floor: float                   # E, shared by the arms (NaN when each has its own)
     amplitude: dict[str, float]    # A per arm
     exponent: dict[str, float]     # α per arm
     chi2_dof: float                # Σ residual² / (points − parameters): about 1 when the curve fits to eval noise
+    floors: dict[str, float] | None = None  # E per arm, when not shared
+
+    def floor_of(self, arm: str) -> float:
+        return self.floors[arm] if self.floors is not None else self.floor
 
     def value(self, arm: str, flops: np.ndarray | float) -> np.ndarray:
         """The arm's fitted metric at `flops`."""
-        return self.floor + self.amplitude[arm] * (np.asarray(flops, dtype=float) / self.budget) ** -self.exponent[arm]
+        x = np.asarray(flops, dtype=float) / self.budget
+        return self.floor_of(arm) + self.amplitude[arm] * x ** -self.exponent[arm]
+
+    def baseline_flops(self, baseline: str, value: np.ndarray | float) -> np.ndarray:
+        """C₀: the FLOPs at which the baseline's curve reaches `value` (inf at or below its floor)."""
+        excess = np.asarray(value, dtype=float) - self.floor_of(baseline)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(excess > 0, self.budget * (excess / self.amplitude[baseline]) ** (-1 / self.exponent[baseline]),
+                            np.inf)
 
     def multiplier_line(self, arm: str, baseline: str) -> tuple[float, float]:
-        """log M_a(C) = b + g · log(C / B): (b, g), from inverting the baseline's curve at the arm's value."""
-        a, base = self.exponent[arm], self.exponent[baseline]
-        return (math.log(self.amplitude[baseline]) - math.log(self.amplitude[arm])) / base, a / base - 1
+        """log M_a(C) = b + g · log(C / B): (b, g). Exact with a shared floor (the inverse is then a line in log C);
+        with floors apart, the least-squares line through log M over [B/8, B], which the trend reads."""
+        if self.floors is None:
+            a, base = self.exponent[arm], self.exponent[baseline]
+            return (math.log(self.amplitude[baseline]) - math.log(self.amplitude[arm])) / base, a / base - 1
+        u = np.linspace(math.log(1 / 8), 0.0, 9)
+        log_m = np.log(self.multiplier(arm, baseline, self.budget * np.exp(u)))
+        if not np.all(np.isfinite(log_m)):
+            return math.inf, 0.0
+        g, b = np.polyfit(u, log_m, 1)
+        return float(b), float(g)
 
     def multiplier(self, arm: str, baseline: str, flops: np.ndarray | float) -> np.ndarray:
-        b, g = self.multiplier_line(arm, baseline)
-        return np.exp(b + g * np.log(np.asarray(flops, dtype=float) / self.budget))
+        if self.floors is None:
+            b, g = self.multiplier_line(arm, baseline)
+            return np.exp(b + g * np.log(np.asarray(flops, dtype=float) / self.budget))
+        flops = np.asarray(flops, dtype=float)
+        return self.baseline_flops(baseline, self.value(arm, flops)) / flops
+
+
+def fit_apart(curves: dict[str, Points], budget: float, seed: int = 0) -> SeedFit:
+    """Each arm's curve fitted on its own (`fit_seed` on one curve): no floor shared across arms, since nothing
+    on the rows says the arms share one (results/fair/PLAN.md's amendment)."""
+    fits = {arm: fit_seed({arm: points}, budget, seed) for arm, points in curves.items()}
+    dof = [f.chi2_dof for f in fits.values() if math.isfinite(f.chi2_dof)]
+    return SeedFit(seed, budget, math.nan, {a: f.amplitude[a] for a, f in fits.items()},
+                   {a: f.exponent[a] for a, f in fits.items()}, float(np.mean(dof)) if dof else math.nan,
+                   floors={a: f.floor for a, f in fits.items()})
 
 
 def fit_seed(curves: dict[str, Points], budget: float, seed: int = 0) -> SeedFit:
@@ -162,6 +210,7 @@ class ArmFit:
     multipliers: tuple[Ratio | None, ...] = ()  # M at each horizon of the group; () for the baseline
     trend: Estimate | None = None               # the slope of log M against log C (None for the baseline)
     crossover: Crossover | None = None
+    floor: Estimate | None = None               # E over seeds, when each arm has its own
 
 
 class Held(NamedTuple):
@@ -185,6 +234,20 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class LadderPrediction:
+    """The check that can fail where M depends on it: the baseline's curve fitted per seed on its horizons up to
+    B (past the warm-up), predicting its ladder's measured value at a horizon past B. It holds when the t-interval
+    over seeds of the error (measured − predicted) lies within ± `tolerance` (LADDER_TOLERANCE sampling errors of
+    a row there): a biased and an imprecise prediction both fail."""
+    flops: float
+    predicted: Interval
+    measured: Interval
+    error: Interval
+    tolerance: float
+    held: bool | None              # None: one seed, no interval
+
+
+@dataclass(frozen=True)
 class GroupFit:
     """The compute curves of one metric in one leaderboard group (dataset, model, batch, budget, start)."""
     group: tuple
@@ -202,6 +265,14 @@ class GroupFit:
     held_out_points: tuple[float, ...] = ()  # the horizons the held-out fit used
     rule: str = ""
     notes: tuple[str, ...] = ()
+    ladder: tuple[LadderPrediction, ...] = ()  # the baseline's fit on horizons <= B against its ladder past B
+
+    @property
+    def ladder_held(self) -> bool | None:
+        """Whether the fit may be shown: True when every prediction of the ladder past B held, False when one
+        failed, None when there is nothing to check (no ladder past B, or one seed)."""
+        judged = [p.held for p in self.ladder if p.held is not None]
+        return None if not judged else all(judged)
 
     def curve(self, arm: str, flops: np.ndarray) -> np.ndarray:
         """The arm's fitted value at each of `flops`, the mean over the seeds that fitted it."""
@@ -268,7 +339,8 @@ def fit_groups(rows: Sequence[Row], baseline: str = "mask0", metrics: Sequence[s
                size_tolerance: float | None = SIZE_TOLERANCE) -> list[GroupFit]:
     """The compute curves of every leaderboard group with the baseline at >= MIN_HORIZONS horizons, per
     metric of `metrics` (ones that fall towards a floor: val loss, FD)."""
-    return [found for key, group in measured_groups(rows).items() for metric in metrics
+    return [replace(found, ladder=ladder_check(family_rows(rows, key, baseline), metric, found.budget, level))
+            for key, group in measured_groups(rows).items() for metric in metrics
             if (found := fit_group(key, group, metric, baseline, level, within, rule, size_tolerance)) is not None]
 
 
@@ -280,7 +352,7 @@ def fit_group(key: tuple, rows: Sequence[Row], metric: str, baseline: str = "mas
     then over seeds E, each arm's A and α, M at each horizon, the crossover and the held-out check.
     Residuals are over sampling errors only when every row has one, so that all of a fit's residuals are on
     one scale."""
-    rows = [row for row in rows if row[metric] is not None and row["train_flops"] is not None]
+    rows = [row for row in rows if row[metric] is not None and row["train_flops"] is not None and past_warmup(row)]
     base_rows = [row for row in rows if row["arm"] == baseline]
     points = sorted({row["point"] for row in base_rows})
     if len(points) < MIN_HORIZONS:
@@ -292,7 +364,7 @@ def fit_group(key: tuple, rows: Sequence[Row], metric: str, baseline: str = "mas
     curves, notes = _seed_curves(rows, metric, baseline, weighted, size_tolerance)
     if not curves:
         return None
-    fits = [fit_seed(arms, budget, seed) for seed, arms in sorted(curves.items())]
+    fits = [fit_apart(arms, budget, seed) for seed, arms in sorted(curves.items())]
     held_out, held_points = _held_out(rows, metric, baseline, points, budget, fits, level, rule, weighted,
                                       size_tolerance)
     return GroupFit(key, metric, baseline, budget, tuple(points), tuple(horizons),
@@ -343,7 +415,8 @@ def _arm_fits(fits: Sequence[SeedFit], baseline: str, horizons: Sequence[float],
     for arm in _arms(fits, baseline):
         mine = [fit for fit in fits if arm in fit.amplitude]
         fit_of_arm = ArmFit(arm, len(mine), mean_ci([fit.amplitude[arm] for fit in mine], level),
-                            mean_ci([fit.exponent[arm] for fit in mine], level))
+                            mean_ci([fit.exponent[arm] for fit in mine], level),
+                            floor=mean_ci([fit.floor_of(arm) for fit in mine], level))
         if arm != baseline:
             fit_of_arm = replace(fit_of_arm,
                                  multipliers=tuple(multiplier_at(mine, arm, baseline, c, level) for c in horizons),
@@ -390,7 +463,7 @@ def _held_out(rows: Sequence[Row], metric: str, baseline: str, points: Sequence[
         return (), ()
     curves, _ = _seed_curves([row for row in rows if row["point"] <= early[-1]], metric, baseline, weighted,
                              size_tolerance)
-    held = {fit.seed: fit for fit in (fit_seed(arms, budget, seed) for seed, arms in sorted(curves.items()))}
+    held = {fit.seed: fit for fit in (fit_apart(arms, budget, seed) for seed, arms in sorted(curves.items()))}
     full = {fit.seed: fit for fit in fits}  # a superset: every seed and arm held out is fitted on all horizons
     final = {(row["arm"], row["seed"]): row for row in rows if row["point"] == points[-1]}
     predictions = []
@@ -407,3 +480,41 @@ def _held_out(rows: Sequence[Row], metric: str, baseline: str, points: Sequence[
                                    held_interval(figure.quantity, figure.measured, level),
                                    prediction_failed(figure, FAILURE_RULES[rule])) for figure in figures]
     return tuple(predictions), tuple(early)
+
+
+# -------------------------------------------------------------------------------------- the ladder check
+def past_warmup(row: Row) -> bool:
+    """Whether a horizon is fitted: at least WARMUP_FACTOR × the LR warm-up's steps (a rule fixed before the
+    ladder's rows, results/fair/PLAN.md: the first doubling after warm-up is steeper than any curve's form)."""
+    return row["step"] is None or row["step"] >= WARMUP_FACTOR * WARMUP_STEPS  # no step recorded: no rule to apply
+
+
+def ladder_check(baseline_rows: Sequence[Row], metric: str, budget: float,
+                 level: float = 0.95) -> tuple[LadderPrediction, ...]:
+    """Per seed, the baseline's ladder (`multiplier.ladder_runs`) fitted on its horizons up to B past the
+    warm-up, predicting its measured value at each horizon past B; over seeds, per horizon, the error's
+    t-interval against ± LADDER_TOLERANCE sampling errors (`LadderPrediction`). () without a ladder past B."""
+    found: dict[float, list[tuple[float, float, float]]] = defaultdict(list)  # point: (predicted, measured, SE)
+    flops: dict[float, list[float]] = defaultdict(list)
+    for seed, run in sorted(ladder_runs(baseline_rows).items()):
+        run = [row for row in run if row[metric] is not None and row["train_flops"]]
+        early = [row for row in run if row["train_flops"] <= budget * (1 + 1e-9) and past_warmup(row)]
+        late = [row for row in run if row["train_flops"] > budget * (1 + 1e-9)]
+        errors = sampling_ses(run, metric) if late else None
+        if len(early) < MIN_HORIZONS or not late or errors is None:
+            continue
+        fit = fit_seed({"baseline": _points(early, metric, weighted=True)}, budget, seed)
+        for row in late:
+            found[row["point"]].append((float(fit.value("baseline", row["train_flops"])), row[metric],
+                                        sampling_se(row, metric)))
+            flops[row["point"]].append(row["train_flops"])
+    return tuple(_ladder_prediction(float(np.mean(flops[p])), np.asarray(found[p]), level) for p in sorted(found))
+
+
+def _ladder_prediction(flops: float, figures: np.ndarray, level: float) -> LadderPrediction:
+    predicted, measured, se = figures.T
+    tolerance = LADDER_TOLERANCE * float(np.mean(se))
+    error = held_interval("error", measured - predicted, level)
+    held = None if figures.shape[0] < 2 else bool(-tolerance <= error.lo and error.hi <= tolerance)
+    return LadderPrediction(flops, held_interval("value", predicted, level), held_interval("value", measured, level),
+                            error, tolerance, held)

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 
 from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
 from maskbench.results.estimators import Estimate, Ratio, agreement, ratio_verdict
-from maskbench.results.multiplicity import DETECTED_SES, EXPLORATORY, ArmVerdict, Family, MetricVerdict
+from maskbench.results.multiplicity import EXPLORATORY, MULTIPLIER, ArmVerdict, Family, MetricVerdict
+from maskbench.results.multiplier import ArmMultiplier
 from maskbench.results.scaling import FAILURE_RULES, ArmFit, Crossover, GroupFit, Interval, Prediction
-from maskbench.results.summary import Summary
+from maskbench.results.summary import DETECTED_SES, Summary
 from maskbench.results.targets import COMPUTE, Target
 
 FORMATS = ("table", "markdown", "csv")
@@ -105,19 +106,21 @@ DETAILS_HINT = ("--details prints every column: test, p, MDE, eval/seed SE, targ
                 "ratio verdicts")
 
 
-SCALING_TITLE = ("Compute curves: per seed, each arm's L(C) = E + A·(C/B)^−α against training FLOPs C, the floor E "
-                 "shared by a group's arms and B its largest horizon's FLOPs; {pct} t-intervals over seeds")
+SCALING_TITLE = ("Compute curves (exploratory; no verdict reads them): per seed, each arm's L(C) = E + A·(C/B)^−α fitted "
+                 "on its own against training FLOPs C, B its largest horizon's FLOPs, horizons inside the warm-up rule "
+                 "left out; shown only where the baseline's fit predicted its own ladder past B; {pct} t-intervals over "
+                 "seeds")
 SCALING_NOTE = (
-    "Compute curves: A is an arm's excess over the floor E at B, α how fast it falls. M: the FLOPs {baseline} "
-    "needs to reach the value the arm reaches with C, over C (above 1 the arm's FLOPs are worth more than "
-    "{baseline}'s), per seed from that seed's fits, geometric mean and {pct} t-interval over seeds; at each horizon "
-    "C is {baseline}'s FLOPs there. trend: the slope of log M against log C (log M is a line in log C on every "
-    "seed), mean and t-interval over seeds; below 0 the arm's advantage shrinks as compute grows. C*: where M = 1 "
-    "on each seed's fits, read only when every seed's lies within [B/k, k·B] (geometric mean, t-interval), else "
-    "'none within k× of B' with the number of seeds that cross there. Held out: the curves fitted on the horizons "
-    "up to B/2 predict each arm's value at B (measured: its rows there) and M at B (measured: the fit on every "
-    "horizon); the prediction fails by the rule '{rule}': {meaning} Where an arm's prediction failed, its C* is "
-    "not read.")
+    "Compute curves: E is an arm's floor, A its excess over E at B, α how fast it falls. The ladder check: "
+    "{baseline}'s curve fitted per seed on its horizons up to B predicts its ladder's measured value past B; it "
+    "holds when the t-interval over seeds of the error lies within ± the tolerance (3 sampling errors of a row "
+    "there), so a biased and an imprecise prediction both fail. Where it did not hold the fits are not shown: "
+    "no fitted M past the ladder, no C*. Where shown, M is the FLOPs {baseline}'s fitted curve needs to reach the "
+    "value the arm's reaches with C, over C, per seed, geometric mean and {pct} t-interval over seeds; trend: the "
+    "slope of log M against log C over [B/8, B]; C*: where that line crosses 1, read only when every seed's lies "
+    "within [B/k, k·B], else 'none within k× of B'. Held out: the curves fitted on the horizons up to B/2 predict "
+    "each arm's value at B; the prediction fails by the rule '{rule}': {meaning} Where an arm's prediction "
+    "failed, its C* is not read.")
 Table = tuple[str | None, Sequence[str] | None, list[list[str]]]  # (title, header, cells); no header: a title alone
 M_COLUMNS = 3  # arms per table of M at each horizon
 
@@ -149,24 +152,29 @@ def render(summary: Sequence[Summary], fmt: str = "table", family: Family = EXPL
     lines_of_disagreement = []
     if compared:
         baseline, pct = next(iter(compared[0].comparisons.values())).baseline, _pct(1 - family.alpha)
-        tested = family.tests_ratios
         tables += _comparison_tables(compared, family, baseline, pct, compact)
-        tables += _targets_tables(compared, family, baseline, pct, compact)
         lines_of_disagreement = _disagreements(compared, metrics, family)
         notes.append(COMPARISON_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, method=family.method,
                                             ses=DETECTED_SES))
-        notes.append(TARGETS_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, axis=COMPUTE[family.compute],
-                                         pays=_pays_rule(family)) if tested else
-                     TARGETS_REPORTED_NOTE.format(baseline=baseline, pct=pct))
-        shown = [family.compute] if compact else list(COMPUTE)  # the compute axes whose ratios are printed
-        if any(t.pooled.get(axis) for r in compared for c in r.comparisons.values() for t in c.targets
-               for axis in shown):
-            notes.append(POOLED_SHORT_NOTE if compact else POOLED_NOTE)
+        if family.rule != MULTIPLIER:  # under it, the measured multiplier is this reading (`render_multipliers`)
+            tables += _targets_tables(compared, family, baseline, pct, compact)
+            notes += _targets_notes(compared, family, baseline, pct, compact)
     if fmt == "markdown":
         return "\n".join(layout(tables, fmt) + [f"- {line}" for line in (*lines_of_disagreement, *notes)])
     width = WIDTH if compact else None
     return "\n".join(layout(tables, fmt, width) + wrap_lines(lines_of_disagreement, width)
                      + ([""] if lines_of_disagreement else []) + wrap_lines(notes, width))
+
+
+def _targets_notes(compared: Sequence[Summary], family: Family, baseline: str, pct: str, compact: bool) -> list[str]:
+    """What the compute-to-target tables' columns mean, and the pooled mark where a ratio carries it."""
+    notes = [TARGETS_NOTE.format(baseline=baseline, pct=pct, alpha=family.alpha, axis=COMPUTE[family.compute],
+                                 pays=_pays_rule(family)) if family.tests_ratios else
+             TARGETS_REPORTED_NOTE.format(baseline=baseline, pct=pct)]
+    shown = [family.compute] if compact else list(COMPUTE)  # the compute axes whose ratios are printed
+    if any(t.pooled.get(axis) for r in compared for c in r.comparisons.values() for t in c.targets for axis in shown):
+        notes.append(POOLED_SHORT_NOTE if compact else POOLED_NOTE)
+    return notes
 
 
 def _summary_tables(summary: Sequence[Summary], sources: list[str], compact: bool) -> list[Table]:
@@ -234,19 +242,89 @@ def render_scaling(fits: Sequence[GroupFit], fmt: str = "table", level: float = 
     return "\n".join(layout(tables, fmt, width) + wrap_lines(notes, width))
 
 
+MULTIPLIER_TITLE = ("The measured compute multiplier M(C): the {axis} {baseline} needs to reach the value an arm reaches "
+                    "with C, read off the same seed's measured {baseline} curve (its ladder), over C; geometric mean "
+                    "and {pct} t-interval over seeds")
+MULTIPLIER_NOTE = (
+    "M: above 1 the arm's compute buys what more of {baseline}'s would. '>x': some seeds' arm is better than "
+    "their ladder's last horizon, so M is at least x there (bounds taken as values: a lower bound); '<=x': worse "
+    "than its first (an upper bound). trend: per seed the slope of log M against log C over its horizons where M "
+    "is a value, mean and t-interval (n: the seeds with two or more); below 0 the arm's advantage shrinks as "
+    "compute grows. {baseline}'s own runs of a group other than its ladder are read on the ladder too: M should "
+    "be 1 there. Nothing here is fitted: beyond the ladder's reach M is a bound.")
+AXIS_WORDS = {"train_flops": "training FLOPs", "gpu_hours": "device-hours"}
+
+
+def render_multipliers(measured: Sequence[ArmMultiplier], fmt: str = "table", level: float = 0.95) -> str:
+    """The measured compute multipliers under their own heading ("" without any): per group and metric, M at
+    each of the arms' horizons (at most M_COLUMNS arms a table) and each arm's trend; then the notes."""
+    if not measured:
+        return ""
+    pct, first = _pct(level), measured[0]
+    charged = " (auxiliary FLOPs charged to the arm)" if first.charged else ""
+    tables: list[Table] = [(MULTIPLIER_TITLE.format(axis=AXIS_WORDS.get(first.axis, first.axis),
+                                                    baseline=first.baseline, pct=pct) + charged, None, [])]
+    by_key: dict[tuple, list[ArmMultiplier]] = {}
+    for found in measured:
+        by_key.setdefault((found.group, found.metric), []).append(found)
+    for (group, metric), arms in by_key.items():
+        tables += _multiplier_tables(group, metric, arms, pct)
+    notes = [MULTIPLIER_NOTE.format(baseline=first.baseline)]
+    notes += list(dict.fromkeys(f"{group_label(*m.group)} {m.arm}: {note}" for m in measured for note in m.notes))
+    if fmt == "markdown":
+        return "\n".join(layout(tables, fmt) + [f"- {line}" for line in notes])
+    width = WIDTH if fmt == "table" else None
+    return "\n".join(layout(tables, fmt, width) + wrap_lines(notes, width))
+
+
+def _multiplier_tables(group: tuple, metric: str, arms: Sequence[ArmMultiplier], pct: str) -> list[Table]:
+    """One group's and metric's M at each horizon of its arms, then each arm's trend and ladder."""
+    points = sorted({p for arm in arms for p in arm.points})
+    title = f"{group_label(*group)}, {get_metric(metric).label}: M against {arms[0].baseline}'s ladder"
+    tables: list[Table] = []
+    for start in range(0, len(arms), M_COLUMNS):
+        shown = arms[start:start + M_COLUMNS]
+        tables.append((title if start == 0 else None, ("horizon", "C", *(f"M {a.arm} ({pct} CI)" for a in shown)),
+                       [[f"{point:g}", _flops_at(shown, point), *(_multiplier_at(a, point) for a in shown)]
+                        for point in points]))
+    tables.append((None, ("arm", f"trend: d log M / d log C ({pct} CI)", "n", "seeds", "ladder reach"),
+                   [[a.arm, _estimate_cell(a.trend), str(a.trend_seeds), str(len(a.seeds)), f"{a.reach:.3g}"]
+                    for a in arms]))
+    return tables
+
+
+def _flops_at(arms: Sequence[ArmMultiplier], point: float) -> str:
+    found = [a.flops[a.points.index(point)] for a in arms if point in a.points]
+    return f"{found[0]:.3g}" if found else ""
+
+
+def _multiplier_at(arm: ArmMultiplier, point: float) -> str:
+    if point not in arm.points:
+        return ""
+    m = arm.multipliers[arm.points.index(point)]
+    return _m_cell(m) if m is not None else "bounds both ways: not read"
+
+
+def _m_cell(m: Ratio) -> str:
+    """'[bound]M [lo, hi]', and how many seeds lie past the ladder (no interval when they all do: a bound alone)."""
+    interval = "" if math.isnan(m.lo) or (m.bound and math.isnan(m.p)) else f" [{m.lo:.3g}, {m.hi:.3g}]"
+    past = {">": f" ({m.not_reached}/{m.n} past the ladder)", "<=": " (seeds before its start)"}.get(m.bound, "")
+    return f"{m.bound}{m.geomean:.3f}{interval}{past}"
+
+
 VERDICT_TITLE = ("The plan's verdict at B (pays.ratio: compute multiplier): per arm and metric, T1 the paired difference "
-                 "arm − {baseline} at B and T2 log M(B) of the curves fitted on every horizon against 0, {method} across "
+                 "arm − {baseline} at B and T2 log M(B), M measured on {baseline}'s ladder, against 0, {method} across "
                  "them together; {pct} intervals")
 VERDICT_NOTE = (
-    "Verdict (the plan's rule): an arm pays at B when, after {method}, M(B)'s interval lies above 1 (p adj < "
-    "{alpha:g}, M above 1) on every one of {metrics}, T1 agrees in direction on every one (the arm lower than "
-    "{baseline}: the sign of Δ at B, by a gap of at least {ses:g} combined sampling errors, i.e. {ses:g}× the SE of "
-    "Δ its rows' sampling errors imply; a smaller gap is 'not detected') and every held-out prediction of the arm "
-    "(its value and its M at B, per metric) held; it does not pay when M(B)'s interval lies below 1 after {method} "
-    "on any of them; otherwise it is undecided. T1's own significance is reported (T1 verdict) but not required. "
-    "Where the metrics part (M's side, Δ's direction, the held-out check) a 'disagree' line says so; a disagreement "
-    "never reads as pays. Compute-to-target ratios, other horizons' differences, alignment, C* and device-hours "
-    "are reported, not tested.")
+    "Verdict (the plan's rule): an arm pays at B when, after {method}, the measured M(B)'s interval lies above 1 "
+    "(p adj < {alpha:g}, M above 1) on every one of {metrics} and T1 agrees in direction on every one (the arm "
+    "lower than {baseline}: the sign of Δ at B, by a gap of at least {ses:g} combined sampling errors, i.e. {ses:g}× "
+    "the SE of Δ its rows' sampling errors imply; a smaller gap is 'not detected'); it does not pay when M(B)'s "
+    "interval lies below 1 after {method} on any of them; otherwise it is undecided, and the verdict line says what "
+    "each metric showed. A bound on M (some seeds past the ladder's end: 'at least') may read above 1, never below "
+    "(an upper bound the reverse). 'the metrics disagree' only where one metric points the arm's better way and "
+    "another its worse one. No fitted curve enters a verdict; other horizons' M, the trend, alignment and "
+    "device-hours are reported, not tested.")
 
 
 def render_verdicts(verdicts: Sequence[ArmVerdict], fmt: str = "table", family: Family = EXPLORATORY,
@@ -262,8 +340,8 @@ def render_verdicts(verdicts: Sequence[ArmVerdict], fmt: str = "table", family: 
     pct = _pct(1 - family.alpha)
     baseline = verdicts[0].baseline
     header = ("group", "arm", "metric", f"Δ at B ({pct} CI)", "Δ p", "Δ p adj", "T1", "T1 verdict",
-              f"M(B) ({pct} CI)", "M p", "M p adj", "T2", "held out", "verdict", "reading")
-    rows = [(a.group, [group_label(*a.group), a.arm, v.metric, *_t1_cells(v), *_t2_cells(v), v.held_out, a.verdict,
+              f"M(B) ({pct} CI)", "M p", "M p adj", "T2", "verdict", "reading")
+    rows = [(a.group, [group_label(*a.group), a.arm, v.metric, *_t1_cells(v), *_t2_cells(v), a.verdict,
                        a.reading]) for a in verdicts for v in a.metrics]
     title = VERDICT_TITLE.format(baseline=baseline, method=family.method, pct=pct)
     tables = [(title, header, [cells for _, cells in rows])] if width is None else [
@@ -281,14 +359,14 @@ def render_verdicts(verdicts: Sequence[ArmVerdict], fmt: str = "table", family: 
 
 def _verdict_tables(header: Sequence[str], rows: Sequence[tuple[tuple, list[str]]]) -> list[Table]:
     """The verdict table in compact text: per group, under its heading, T1's columns in one table and T2's
-    with the held-out check and the arm's verdict in another, since the fifteen together overflow WIDTH."""
+    with the arm's verdict in another, since the fourteen together overflow WIDTH."""
     t1, t2 = header.index("T1 verdict") + 1, header.index("verdict") + 1
     tables = []
     for group, cells in _by_group(rows).items():
         label = _heading(group)
         tables += [compact_table(f"{label}: T1, the difference at B", header, cells, ("arm", "metric", *header[3:t1]),
                                   short=("T1 verdict",)),
-                   compact_table(f"{label}: T2, M(B), the held-out check and the arm's verdict", header, cells,
+                   compact_table(f"{label}: T2, the measured M(B), and the arm's verdict", header, cells,
                                   ("arm", "metric", *header[t1:t2], "reading"), lift=("reading",))]
     return tables
 
@@ -306,7 +384,7 @@ def _t2_cells(v: MetricVerdict) -> list[str]:
     m = v.multiplier
     if m is None:
         return ["", "", "", v.side]
-    return [_ratio(m), _g(_finite(m.p)), _g(_finite(m.p_adj)), v.side]
+    return [_m_cell(m), _g(_finite(m.p)), _g(_finite(m.p_adj)), v.side]
 
 
 def headline(verdicts: Sequence[ArmVerdict]) -> str:
@@ -348,16 +426,23 @@ def ratio_headline(summary: Sequence[Summary], family: Family = EXPLORATORY) -> 
 
 
 def _scaling_tables(fit: GroupFit, pct: str) -> list[Table]:
-    """One group's and metric's compute curves: each arm's parameters; M at each horizon (at most
-    M_COLUMNS arms a table, to keep within ~120 columns); each arm's crossover; the held-out check."""
+    """One group's and metric's compute curves: the ladder check first; only where it held, each arm's
+    parameters, M at each horizon (at most M_COLUMNS arms a table, to keep within ~120 columns), each arm's
+    crossover and the held-out check."""
     label = get_metric(fit.metric).label
+    check = _ladder_tables(fit, pct)
+    if fit.ladder_held is not True:
+        why = (f"the fit of {fit.baseline} on its horizons up to B missed its own ladder past B" if fit.ladder_held
+               is False else f"{fit.baseline}'s ladder does not reach past B on two or more seeds: nothing checks it")
+        return [(f"{group_label(*fit.group)}, {label}: fitted curves not shown: {why}; no fitted M past the ladder "
+                 "and no C*", None, []), *check]
     weights = (f"residuals over sampling errors: χ²/dof {fit.chi2_dof:.3g} (median over seeds)" if fit.weighted else
                "residuals over the values (relative errors: the rows have no sampling errors)")
-    title = (f"{group_label(*fit.group)}, {label}: B = {fit.budget:.3g} FLOPs, {len(fit.fits)} seed(s), "
-             f"E = {_estimate_cell(fit.floor)}\n{weights}")
-    tables: list[Table] = [(title, ("arm", f"A ({pct} CI)", f"α ({pct} CI)"),
-                            [[_arm_cell(arm.arm, arm.seeds, len(fit.fits)), _estimate_cell(arm.amplitude),
-                              _estimate_cell(arm.exponent)] for arm in fit.arms])]
+    title = f"{group_label(*fit.group)}, {label}: B = {fit.budget:.3g} FLOPs, {len(fit.fits)} seed(s)\n{weights}"
+    tables: list[Table] = [*check, (title, ("arm", f"E ({pct} CI)", f"A ({pct} CI)", f"α ({pct} CI)"),
+                                    [[_arm_cell(arm.arm, arm.seeds, len(fit.fits)), _estimate_cell(arm.floor),
+                                      _estimate_cell(arm.amplitude), _estimate_cell(arm.exponent)]
+                                     for arm in fit.arms])]
     arms = [arm for arm in fit.arms if arm.multipliers]
     for start in range(0, len(arms), M_COLUMNS):
         shown = arms[start:start + M_COLUMNS]
@@ -373,6 +458,19 @@ def _scaling_tables(fit: GroupFit, pct: str) -> list[Table]:
                        ("arm", "figure at B", f"predicted ({pct} CI)", f"measured ({pct} CI)", "prediction"),
                        [_prediction_cells(p, label) for p in fit.held_out]))
     return tables
+
+
+def _ladder_tables(fit: GroupFit, pct: str) -> list[Table]:
+    """The ladder check's table: per horizon past B, the baseline's predicted and measured value, the error's
+    interval against the tolerance, and whether it held."""
+    if not fit.ladder:
+        return []
+    verdict = {None: "not judged: one seed", True: "held", False: "failed"}
+    return [(f"{group_label(*fit.group)}, {get_metric(fit.metric).label}: the ladder check ({fit.baseline} fitted on "
+             "horizons up to B, past the warm-up)",
+             ("C", f"predicted ({pct} CI)", f"measured ({pct} CI)", f"error ({pct} CI)", "tolerance", "check"),
+             [[f"{p.flops:.3g}", _interval_cell(p.predicted), _interval_cell(p.measured), _interval_cell(p.error),
+               f"±{p.tolerance:.3g}", verdict[p.held]] for p in fit.ladder])]
 
 
 def _arm_cell(arm: str, seeds: int, of: int) -> str:
