@@ -75,19 +75,33 @@ def test_an_unknown_or_unclosed_or_missing_table_is_reported(tmp_path, monkeypat
     assert "table 'arm-step-time' has no <!-- /table --> line" in capsys.readouterr().err
 
 
-def fair_root(tmp_path: Path, rows: list[dict]) -> Path:
+def fair_root(tmp_path: Path, rows: list[dict], ladder: list[dict] | None = None) -> Path:
     """A repository root holding a fair study of 2 arms x 3 seeds at 1/32 ... 1 of B: its grid, the committed
-    fair plan and `rows` as its CSV."""
+    fair plan and `rows` as its CSV; and its ladder's grid (mask0 x 3 seeds to 4 B) with `ladder` as its CSV
+    (`tests.test_scaling.ladder_rows`)."""
     from maskbench.results.leaderboard import append_rows
 
     (tmp_path / "maskbench" / "conf" / "study").mkdir(parents=True)
     (tmp_path / "maskbench" / "conf" / "study" / "fair.yaml").write_text(
         "grid:\n  - arm=mask0,mask75\n  - seed=0,1,2\n  - eval.points=[0.03125,0.0625,0.125,0.25,0.5,1.0]\n")
+    (tmp_path / "maskbench" / "conf" / "study" / "fair_ladder.yaml").write_text(
+        "grid:\n  - arm=mask0\n  - seed=0,1,2\n"
+        "  - eval.points=[0.0078125,0.015625,0.03125,0.0625,0.125,0.25,0.5,1.0]\n")
     (tmp_path / "results" / "fair").mkdir(parents=True)
     (tmp_path / "results" / "fair" / "PLAN.md").write_bytes((ROOT / "results" / "fair" / "PLAN.md").read_bytes())
     if rows:
         append_rows(tmp_path / "results" / "fair" / "leaderboard.csv", rows)
+    if ladder:
+        append_rows(tmp_path / "results" / "fair" / "ladder.csv", ladder)
     return tmp_path
+
+
+def ladders(rng) -> list[dict]:
+    """mask0's ladder of each of 3 seeds to 4 B, on its true curve (no scatter: the ladder check holds)."""
+    from tests.test_scaling import ladder_rows
+
+    return [dict(row, created_at="2026-12-07T00:00:00+00:00") for seed in range(3)
+            for row in ladder_rows(seed, 0.0, rng)]
 
 
 def test_a_study_before_its_first_row_shows_every_cell_waiting(tmp_path):
@@ -111,12 +125,15 @@ def test_the_fair_answer_is_read_only_when_every_cell_is_in_and_then_by_the_plan
     after_the_plan = "2026-12-04T00:00:00+00:00"
     rows = [row for seed in range(3) for arm, (a, e) in TRUTH.items()
             for row in curve_rows(arm, seed, a, e, 0.01, rng, created_at=after_the_plan)]
-    partial = fair_root(tmp_path / "partial", rows[:-1])
+    partial = fair_root(tmp_path / "partial", rows[:-1], ladders(rng))
     fair_answer = TABLES["fair-answer"].render
     for render in (doctables.fair_headline, fair_answer):
         assert render(partial) == ("Not read yet: 5 of 6 cells are in, and results/fair/PLAN.md reads nothing "
                                    "before every cell is.")
-    complete = fair_root(tmp_path / "complete", rows)
+    short = fair_root(tmp_path / "short", rows, ladders(rng)[:-1])  # the ladder's last seed without its 4 B
+    assert doctables.fair_headline(short).startswith("Not read yet: the baseline's ladder "
+                                                     "(`results/fair/ladder.csv`, `mask0` to 4 B) has 2 of 3 seeds in")
+    complete = fair_root(tmp_path / "complete", rows, ladders(rng))
     headline = doctables.fair_headline(complete)
     assert headline.startswith("By the plan's rule (") and "mask75" in headline and "Not read yet" not in headline
     assert "docs/studies.md#where-the-answer-stands" in headline  # the verdict table lives in the answer
@@ -128,7 +145,8 @@ def test_the_fair_answer_is_read_only_when_every_cell_is_in_and_then_by_the_plan
         assert trend and float(trend[1]) == pytest.approx(3.99, rel=0.1)
         assert float(trend[2]) == pytest.approx(1.68, rel=0.1)
     answer = fair_answer(complete)
-    assert "| arm | A (95% CI) | α (95% CI) |" in answer and "crossover C*" in answer
+    assert "| arm | E (95% CI) | A (95% CI) | α (95% CI) |" in answer and "crossover C*" in answer  # check held
+    assert "| horizon | C | M mask0 (95% CI) | M mask75 (95% CI) |" in answer  # the measured M (mask0: a check)
     crossover = r"(\d\.\d+e\+\d+ \[.*\]|none within 10× of B \(\d of 3 seeds cross there\))"
     assert len(re.findall(rf"^\| mask75 \| .* \| {crossover} \|$", answer, re.MULTILINE)) == 2  # FD, val loss
     assert answer.startswith("plan results/fair/PLAN.md (fair): ")  # the same text in any checkout
@@ -147,9 +165,9 @@ def test_a_comparison_against_another_baseline_is_read_exploratory_and_only_when
     rows = [row for seed in range(3) for arm, (a, e) in TRUTH.items()
             for row in curve_rows(arm, seed, a, e, 0.01, rng, created_at="2026-12-04T00:00:00+00:00")]
     against = dict(study="fair", csv_path=doctables.FAIR, baseline="mask75", arms=("mask0", "mask75"))
-    partial = fair_root(tmp_path / "partial", rows[:-1])
+    partial = fair_root(tmp_path / "partial", rows[:-1], ladders(rng))
     assert doctables.study_answer(partial, **against).startswith("Not read yet: 5 of 6 cells are in")
-    answer = doctables.study_answer(fair_root(tmp_path / "complete", rows), **against)
+    answer = doctables.study_answer(fair_root(tmp_path / "complete", rows, ladders(rng)), **against)
     assert answer.startswith("plan results/fair/PLAN.md (fair) set aside: its baseline is mask0, and against "
                              "--baseline mask75 every reading is exploratory")
     assert "confirmatory" not in answer and "The plan's verdict at B" not in answer  # no plan's rule

@@ -149,20 +149,26 @@ PLAN = ("---\nstudy: curves\nwritten: 2026-01-01T00:00:00+00:00\nprimary_metrics
 @pytest.fixture
 def curves_study(tmp_path: Path) -> Path:
     """mask0, mask75 (its curve's amplitude 0.22 against mask0's 0.30: M(B) 1.7, pays) and mask50 (0.40: M(B) 0.62,
-    does not pay), 3 seeds, 4 horizons, val loss and FD with sampling errors, under a compute-multiplier plan."""
+    does not pay), 3 seeds, 4 horizons, val loss and FD with sampling errors, under a compute-multiplier plan;
+    with mask0's ladder to 4 B in the same CSV (its exact curve), which M is read off."""
     rng = np.random.default_rng(0)
     rows = []
+    ladder = ("mask0", 0.30, 4e12, (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0), 0.0, "-ladder")  # mask0 to 4 B, exact
     for seed in range(3):
         jitter = 1 + 0.03 * rng.normal()
-        for arm, amplitude in (("mask0", 0.30), ("mask75", 0.22), ("mask50", 0.40)):
-            for point in (0.125, 0.25, 0.5, 1.0):
-                loss = 0.05 + amplitude * jitter * point**-0.6
-                rows.append({"run_id": f"{arm}-synth-tiny-s{seed}-abc", "arm": arm, "dataset": "synth",
-                             "model": "tiny", "batch_size": 8, "budget_flops": 1e12, "point": point, "seed": seed,
-                             "train_flops": point * 1e12, "gpu_hours": point,
-                             "val_loss": loss * (1 + 0.003 * rng.normal()), "val_loss_se": 0.003 * loss,
-                             "fid": 1000 * loss * (1 + 0.01 * rng.normal()), "fid_se": 10 * loss, "fid_n": 2048,
-                             "fid_features": "oracle-synth-v1", "created_at": "2026-02-01T00:00:00+00:00"})
+        for arm, amplitude, budget, points, noise, name in (
+                *((arm, a, 1e12, (0.125, 0.25, 0.5, 1.0), 1.0, "") for arm, a in
+                  (("mask0", 0.30), ("mask75", 0.22), ("mask50", 0.40))), ladder):
+            for point in points:
+                c = point * budget / 1e12
+                loss = 0.05 + amplitude * jitter * c**-0.6
+                rows.append({"run_id": f"{arm}-synth-tiny-s{seed}-abc{name}", "arm": arm, "dataset": "synth",
+                             "model": "tiny", "batch_size": 8, "budget_flops": budget, "point": point, "seed": seed,
+                             "train_flops": c * 1e12, "gpu_hours": c,
+                             "val_loss": loss * (1 + noise * 0.003 * rng.normal()), "val_loss_se": 0.003 * loss,
+                             "fid": 1000 * loss * (1 + noise * 0.01 * rng.normal()), "fid_se": 10 * loss,
+                             "fid_n": 2048, "fid_features": "oracle-synth-v1",
+                             "created_at": "2026-02-01T00:00:00+00:00"})
     append_rows(tmp_path / "curves" / "leaderboard.csv", rows)
     (tmp_path / "curves" / "PLAN.md").write_text(PLAN, encoding="utf-8")
     return tmp_path / "curves" / "leaderboard.csv"
@@ -180,11 +186,11 @@ def test_the_page_opens_with_a_headline_from_the_verdicts_and_shows_the_compute_
     assert expected == ("By the plan's rule (confirmatory), on synth/tiny/b8/1e+12 at B = 1e+12 FLOPs: mask50 does not "
                         "pay, mask75 pays.")
     assert text.index(f"<p class=\"headline\">{escape(expected)}</p>") < text.index("<table")  # it opens the page
-    assert len(page.links) == 2 and all(png_of(src).width > 400 for src in page.links)  # the fits, the curves
+    assert len(page.links) == 3 and all(png_of(src).width > 400 for src in page.links)  # the fits; each group's curves (the study, the ladder)
     assert main(["leaderboard", str(curves_study), "--format", "markdown"]) == 0
     printed = capsys.readouterr().out.splitlines()
     headers = [table[0] for table in page.tables]
-    for columns in (["arm", "A (95% CI)", "α (95% CI)"], ["arm", "figure at B", "predicted (95% CI)",
+    for columns in (["arm", "E (95% CI)", "A (95% CI)", "α (95% CI)"], ["arm", "figure at B", "predicted (95% CI)",
                                                           "measured (95% CI)", "prediction"]):
         assert columns in headers
     verdicts = next(table for table in page.tables if table[0][:3] == ["group", "arm", "metric"])

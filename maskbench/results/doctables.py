@@ -38,14 +38,14 @@ import numpy as np
 import yaml
 
 from maskbench.config.keys import config_keys
-from maskbench.metrics import get_metric
-from maskbench.results.estimators import Difference, ratio_verdict
+from maskbench.metrics import CO_PRIMARY, get_metric
+from maskbench.results.estimators import Difference, Ratio, ratio_verdict
 from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import Family
-from maskbench.results.report import Analysis, analyse_rows, applied_plan
-from maskbench.results.scaling import GroupFit
-from maskbench.results.summary import Summary, gap_in_ses
-from maskbench.results.tables import headline, render, render_scaling, render_verdicts
+from maskbench.results.multiplier import ArmMultiplier
+from maskbench.results.report import Analysis, analyse_rows, applied_plan, with_ladder
+from maskbench.results.summary import Summary, gap_in_ses, summarize
+from maskbench.results.tables import headline, render, render_multipliers, render_scaling, render_verdicts
 from maskbench.results.targets import Target
 from maskbench.results.trajectory import STEPS
 
@@ -520,6 +520,7 @@ FAIR = "results/fair/leaderboard.csv"
 LITERATURE = "results/literature/leaderboard.csv"
 TRAJECTORIES = "results/literature/trajectories.csv"
 SEED1_CHECK = "results/literature/seed1_check/leaderboard.csv"
+LADDER = "results/fair/ladder.csv"  # mask0's ladder to 4 B (results/fair/PLAN.md's amendment), read by both studies
 
 
 def _grid_axis(root: Path, study: str, key: str) -> list[str]:
@@ -568,22 +569,32 @@ def study_progress(root: Path, study: str, csv_path: str) -> str:
 def _pinned_analysis(root: Path, study: str, csv_path: str, baseline: str | None = None,
                      arms: tuple[str, ...] | None = None) -> tuple[str, Analysis, Family] | None:
     """A pinned study read as `maskbench leaderboard CSV [--baseline B]` reads it under its plan (its plan line,
-    the corrected analysis with the compute curves, the family), on `arms` only if given; None until every cell
-    is in, since the plan reads nothing before. A baseline other than the plan's reads it exploratory."""
-    cells = _cells(root, study, csv_path)
-    if cells.finished < cells.total:
+    the corrected analysis with the measured multipliers and the compute curves, the family), with the baseline's
+    ladder the plan names, on `arms` only if given; None until every cell and every seed of the ladder is in,
+    since the plan reads nothing before. A baseline other than the plan's reads it exploratory."""
+    if _waiting(root, study, csv_path):
         return None
     rows = [row for row in _rows(root, csv_path) if arms is None or row["arm"] in arms]
     applied = applied_plan(rows, [str(root / csv_path)], None, baseline)
-    analysis = analyse_rows(rows, applied.plan, applied.baseline, applied.family)
+    rows = with_ladder(rows, applied)
+    analysis = analyse_rows(rows, applied.rules, applied.baseline, applied.family)
     plan_line = applied.describe(rows, analysis.tests).replace(f"{root}/", "")  # the same text in any checkout
     return plan_line, analysis, applied.family
 
 
-def _not_read_yet(root: Path, study: str, csv_path: str) -> str:
+def _waiting(root: Path, study: str, csv_path: str) -> str:
+    """Why a pinned study is not read yet ("" when it is): cells of its grid, or seeds of the ladder, missing."""
     cells = _cells(root, study, csv_path)
-    return (f"Not read yet: {cells.finished} of {cells.total} cells are in, and results/{study}/PLAN.md reads "
-            "nothing before every cell is.")
+    if cells.finished < cells.total:
+        return (f"Not read yet: {cells.finished} of {cells.total} cells are in, and results/{study}/PLAN.md reads "
+                "nothing before every cell is.")
+    ladder = _cells(root, "fair_ladder", LADDER)
+    if ladder.finished < ladder.total:
+        return (f"Not read yet: the baseline's ladder (`{LADDER}`, `mask0` to 4 B) has {ladder.finished} of "
+                f"{ladder.total} seeds in, and "
+                "results/fair/PLAN.md's amendment reads the measured multiplier off every seed's ladder, so nothing "
+                "is read before all five are (`bash results/fair/ladder.sh` runs or resumes it).")
+    return ""
 
 
 def literature_mask0_reproduced(root: Path) -> str:
@@ -637,61 +648,90 @@ def literature_trajectories(root: Path) -> str:
                     cell(run, "grad_norm_median_100_500")] for run in runs])
 
 
+def differences_at_b(root: Path, csv_path: str) -> str:
+    """A pinned study's measured differences at B, arm − mask0, FD and validation loss side by side: the paired
+    t-interval over seeds, uncorrected (the plan's Holm family includes M(B), read once the ladder is in), and
+    whether the gap clears 2 combined sampling errors. Measurements, not a fit: they stand with or without it."""
+    summary = summarize(list(_rows(root, csv_path)), "mask0", CO_PRIMARY)
+    final = [r for r in summary if r.comparisons and r.point == 1.0]
+    return _table(("arm", "seeds", "FD at B: arm − mask0 (95% CI, uncorrected)",
+                   "val loss at B: arm − mask0 (95% CI, uncorrected)"),
+                  [[f"`{r.arm}`", str(r.n), *(_difference(r.comparisons[m].difference, spec, tested=True)
+                                               for m, spec in (("fid", ",.0f"), ("val_loss", ".4f")))]
+                   for r in final])
+
+
+def switch_steps(root: Path, csv_path: str) -> str:
+    """Where each two-phase arm of a study switched phase, per seed (the rows' `switch_step`): what a rule arm did
+    is read off it (a switch at the step its plan caps phase 0, the same on every seed, is the cap, not the rule)."""
+    found: dict[str, dict[int, int]] = defaultdict(dict)
+    for row in _rows(root, csv_path):
+        if row["switch_step"] is not None:
+            found[row["arm"]][row["seed"]] = row["switch_step"]
+    seeds = sorted({seed for by_seed in found.values() for seed in by_seed})
+    return _table(("arm", *(f"seed {seed}" for seed in seeds)),
+                  [[f"`{arm}`", *(f"{by_seed[s]:,}" if s in by_seed else "–" for s in seeds)]
+                   for arm, by_seed in sorted(found.items())])
+
+
 def fair_headline(root: Path) -> str:
     """The fair study's answer for the README: each masked arm's verdict at B by the plan's rule in one sentence
-    and where the gap goes as compute grows; the verdict table itself (the difference at B, M(B), the held-out
-    check, C*, FD and validation loss side by side) is docs/studies.md's, in `study_answer`."""
+    and where the gap goes as compute grows, read off the measured multiplier; the verdict table itself (the
+    difference at B, the measured M(B), FD and validation loss side by side) is docs/studies.md's, in
+    `study_answer`."""
     read = _pinned_analysis(root, "fair", FAIR)
     if read is None:
-        return _not_read_yet(root, "fair", FAIR)
+        return _waiting(root, "fair", FAIR)
     _, analysis, _ = read
     return "\n\n".join([headline(analysis.verdicts),
-                         "Each verdict's tests (the difference at B, M(B), the held-out check, Holm) and where each "
-                         "arm's M falls to 1 (C*) are in [docs/studies.md](docs/studies.md#where-the-answer-stands).",
-                         "Where the gap goes as compute grows (reported, not tested):",
-                         "\n".join(_gap_trend(fit) for fit in analysis.fits)])
+                         "Each verdict's tests (the difference at B, the measured M(B), Holm) are in "
+                         "[docs/studies.md](docs/studies.md#where-the-answer-stands).",
+                         "Where the gap goes as compute grows (the measured M; reported, not tested):",
+                         "\n".join(_gap_trend(analysis.measured, metric) for metric in ("fid", "val_loss"))])
 
 
 def literature_headline(root: Path) -> str:
     """The literature re-run's verdicts in one sentence for the README, pointing to its reading."""
     read = _pinned_analysis(root, "literature", LITERATURE)
     if read is None:
-        return _not_read_yet(root, "literature", LITERATURE)
+        return _waiting(root, "literature", LITERATURE)
     _, analysis, _ = read
     return (f"{headline(analysis.verdicts)} The tests, FD and validation loss side by side, and REPA against its "
             "control: [docs/studies.md](docs/studies.md#the-literature-arms-at-the-baselines-size-3-seeds).")
 
 
-def _gap_trend(fit: GroupFit) -> str:
-    """One metric's compute curves in a line: each arm's M from the first horizon to B, how many arms' M rises
-    or falls with compute (the trend's interval wholly above or below 0), how well the curves fit (χ²/dof) and
-    how many held-out value predictions failed: the words the README's prose may use, read off the fits."""
-    arms = [arm for arm in fit.arms if arm.multipliers]
-    moves = ", ".join(f"`{arm.arm}` {_g(arm.multipliers[0].geomean)} → {_g(arm.multipliers[-1].geomean)}"
-                      for arm in arms)
-    rising = sum(mean - half > 0 for mean, half in (arm.trend for arm in arms))
-    falling = sum(mean + half < 0 for mean, half in (arm.trend for arm in arms))
-    values = [p for p in fit.held_out if p.quantity != "M"]  # the metric's own value at B, not M
-    failed = ", ".join(f"`{p.arm}`" for p in values if p.failed)
-    first = Fraction(fit.points[0]).limit_denominator()
-    return (f"- {get_metric(fit.metric).label}: M from {first} of B to B: {moves}; M rises with compute for "
-            f"{rising} of {len(arms)} arms and falls for {falling} (the trend's interval above or below 0); the "
-            f"residuals of the curves are χ²/dof {fit.chi2_dof:.3g} in units of the sampling errors (about 1: a "
-            f"curve that fits to eval noise); the prediction of the value at B from the horizons up to B/2 failed "
-            f"for {sum(bool(p.failed) for p in values)} of {len(values)}" + (f" ({failed})." if failed else "."))
+def _gap_trend(measured: Sequence[ArmMultiplier], metric: str) -> str:
+    """One metric's measured multipliers in a line: each arm's M from its first horizon to B (a bound marked),
+    and how many arms' M rises or falls with compute (the trend's interval wholly above or below 0): the words
+    the README's prose may use, read off the rows, not off a fit."""
+    arms = [m for m in measured if m.metric == metric and m.arm != m.baseline]
+    moves = ", ".join(f"`{m.arm}` {_m(m.multipliers[0])} → {_m(m.at_budget)}" for m in arms)
+    trends = [m.trend for m in arms if m.trend is not None]
+    rising = sum(mean - half > 0 for mean, half in trends)
+    falling = sum(mean + half < 0 for mean, half in trends)
+    first = Fraction(arms[0].points[0]).limit_denominator() if arms else ""
+    return (f"- {get_metric(metric).label}: M from {first} of B to B: {moves}; M rises with compute for {rising} of "
+            f"{len(arms)} arms and falls for {falling} (the trend's interval above or below 0; {len(arms) - len(trends)} "
+            "without a trend).")
+
+
+def _m(ratio: Ratio | None) -> str:
+    """M as prose quotes it: its value, with '>' or '<=' where it is a bound."""
+    return "–" if ratio is None else f"{ratio.bound}{_g(ratio.geomean)}"
 
 
 def study_answer(root: Path, study: str, csv_path: str, baseline: str | None = None,
                  arms: tuple[str, ...] | None = None) -> str:
     """A pinned study in full, as `maskbench leaderboard CSV [--baseline B] --format markdown` prints it: the plan
-    applied (or set aside), each arm against the baseline at every horizon with its sampling errors, the
-    compute curves with M(C), the crossover C* and the held-out prediction against the measured value, and the
-    verdicts where the plan reads them."""
+    applied (or set aside), each arm against the baseline at every horizon with its sampling errors, the measured
+    compute multiplier at every horizon with its trend, the compute curves where their ladder check held (else
+    the check and why they are not shown), and the verdicts where the plan reads them."""
     read = _pinned_analysis(root, study, csv_path, baseline, arms)
     if read is None:
-        return _not_read_yet(root, study, csv_path)
+        return _waiting(root, study, csv_path)
     plan_line, analysis, family = read
     parts = [plan_line, render(analysis.summary, "markdown", family),
+             *(render_multipliers(m, "markdown", 1 - family.alpha) for m in (analysis.measured, *analysis.also)),
              render_scaling(analysis.fits, "markdown", 1 - family.alpha)]
     return "\n\n".join(parts + ([render_verdicts(analysis.verdicts, "markdown", family)] if analysis.verdicts else []))
 
@@ -743,14 +783,19 @@ TABLES: dict[str, DocTable] = {
     "fair-progress": DocTable((FAIR,), functools.partial(study_progress, study="fair", csv_path=FAIR)),
     "literature-progress": DocTable((LITERATURE,), functools.partial(study_progress, study="literature",
                                                                      csv_path=LITERATURE)),
-    "fair-headline": DocTable((FAIR,), fair_headline),
-    "fair-answer": DocTable((FAIR,), functools.partial(study_answer, study="fair", csv_path=FAIR)),
-    "literature-answer": DocTable((LITERATURE,), functools.partial(study_answer, study="literature",
-                                                                   csv_path=LITERATURE)),
+    "fair-ladder-progress": DocTable((LADDER,), functools.partial(study_progress, study="fair_ladder",
+                                                                  csv_path=LADDER)),
+    "fair-headline": DocTable((FAIR, LADDER), fair_headline),
+    "fair-differences": DocTable((FAIR,), functools.partial(differences_at_b, csv_path=FAIR)),
+    "fair-switch": DocTable((FAIR,), functools.partial(switch_steps, csv_path=FAIR)),
+    "literature-differences": DocTable((LITERATURE,), functools.partial(differences_at_b, csv_path=LITERATURE)),
+    "fair-answer": DocTable((FAIR, LADDER), functools.partial(study_answer, study="fair", csv_path=FAIR)),
+    "literature-answer": DocTable((LITERATURE, LADDER), functools.partial(study_answer, study="literature",
+                                                                          csv_path=LITERATURE)),
     "literature-mask0-reproduced": DocTable((LITERATURE, FAIR, SEED1_CHECK), literature_mask0_reproduced),
-    "literature-headline": DocTable((LITERATURE,), literature_headline),
+    "literature-headline": DocTable((LITERATURE, LADDER), literature_headline),
     "literature-trajectories": DocTable((TRAJECTORIES,), literature_trajectories),
-    "literature-repa-control": DocTable((LITERATURE,), functools.partial(
+    "literature-repa-control": DocTable((LITERATURE, LADDER), functools.partial(
         study_answer, study="literature", csv_path=LITERATURE, baseline="repa_random", arms=("repa", "repa_random"))),
     "suite-time": DocTable(("results/suite_durations.txt",), suite_time),
     "config-keys": DocTable((), config_key_table),  # from the schema (maskbench/config/keys.py), no CSV

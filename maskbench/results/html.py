@@ -30,10 +30,19 @@ from maskbench.eval.grid import GRID_FILE
 from maskbench.results import plots
 from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import ArmVerdict, Family
-from maskbench.results.report import analyse_rows, applied_plan
+from maskbench.results.multiplier import ArmMultiplier
+from maskbench.results.report import analyse_rows, applied_plan, with_ladder
 from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import SIZE_TOLERANCE, Summary, measured_groups
-from maskbench.results.tables import group_label, headline, ratio_headline, render, render_scaling, render_verdicts
+from maskbench.results.tables import (
+    group_label,
+    headline,
+    ratio_headline,
+    render,
+    render_multipliers,
+    render_scaling,
+    render_verdicts,
+)
 from maskbench.train.checkpoint import RunDir
 
 PAGE = "report.html"
@@ -61,6 +70,7 @@ class StudyPage:
     family: Family
     baseline: str
     summary: list[Summary]
+    measured: list[ArmMultiplier] = field(default_factory=list)
     fits: list[GroupFit] = field(default_factory=list)
     verdicts: list[ArmVerdict] = field(default_factory=list)
 
@@ -80,9 +90,10 @@ def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | N
     if not rows:
         raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
     applied = applied_plan(rows, paths, plan, baseline)
-    analysis = analyse_rows(rows, applied.plan, applied.baseline, applied.family, size_tolerance=size_tolerance)
+    rows = with_ladder(rows, applied)
+    analysis = analyse_rows(rows, applied.rules, applied.baseline, applied.family, size_tolerance=size_tolerance)
     return StudyPage(name, list(paths), rows, applied.describe(rows, analysis.tests), applied.family,
-                     applied.baseline, analysis.summary, analysis.fits, analysis.verdicts)
+                     applied.baseline, analysis.summary, analysis.measured, analysis.fits, analysis.verdicts)
 
 
 def studies(paths: Sequence[str]) -> dict[str, list[str]]:
@@ -124,8 +135,11 @@ def study_page(study: StudyPage, runs: Path) -> str:
     if study.verdicts:
         parts += ["<h2>The plan's verdict</h2>\n", verdict_html(render_verdicts(study.verdicts, "markdown",
                                                                                    study.family))]
+    if study.measured:
+        parts += ["<h2>The measured compute multiplier</h2>\n",
+                  verdict_html(render_multipliers(study.measured, "markdown", 1 - study.family.alpha))]
     if study.fits:
-        parts += ["<h2>Compute curves</h2>\n", fits_html(study)]
+        parts += ["<h2>Compute curves (exploratory)</h2>\n", fits_html(study)]
     parts += ["<h2>Curves</h2>\n", curves_html(study), "<h2>Final samples</h2>\n", grids_html(study, runs),
               "</body>\n</html>\n"]
     return "".join(parts)

@@ -258,8 +258,11 @@ def _arm_multiplier(key: tuple, metric: str, arm: str, baseline: str, runs: dict
         readable[seed] = [row for row in run if row[metric] is not None and row[how.axis]]
         machines |= {machine} if machine else set()
     points = sorted({row["point"] for run in readable.values() for row in run})
-    if not points:
-        return None
+    notes = [f"not read on seed(s) {', '.join(map(str, s))}: {why}"
+             for why, s in _by_reason(set_aside).items()] + [f"read across machines: {m}" for m in sorted(machines)]
+    if not points:  # every seed set aside (another device's hours, other draws): said, with no reading
+        return ArmMultiplier(key, metric, arm, baseline, (), (), (), (), None, 0, math.nan, how.axis, how.charged,
+                             tuple(notes)) if set_aside else None
     readings = tuple(tuple(SeedReading(seed, _compute(row, how), row[metric],
                                        *seed_multiplier(ladders[seed], _compute(row, how), row[metric]))
                            for seed, run in readable.items() for row in run if row["point"] == point)
@@ -267,8 +270,6 @@ def _arm_multiplier(key: tuple, metric: str, arm: str, baseline: str, runs: dict
     multipliers = tuple(ratio_summary([r.multiplier for r in horizon], level, [r.bound for r in horizon],
                                       test_bounds=True) for horizon in readings)
     trend, trend_seeds = _trend(readings, level)
-    notes = [f"not read on seed(s) {', '.join(map(str, s))}: {why}"
-             for why, s in _by_reason(set_aside).items()] + [f"read across machines: {m}" for m in sorted(machines)]
     return ArmMultiplier(key, metric, arm, baseline, tuple(points),
                          tuple(float(np.mean([r.flops for r in horizon])) for horizon in readings), multipliers,
                          readings, trend, trend_seeds, float(np.mean([ladders[s].reach for s in readable])),

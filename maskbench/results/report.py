@@ -1,24 +1,25 @@
-"""`maskbench leaderboard`: read CSVs and the study's plan, print the per-arm summary and comparisons and the
-compute curves (or, with --mlperf, the MLPerf-style scores; with --crossover, the crossover map), optionally
-plot.
+"""`maskbench leaderboard`: read CSVs and the study's plan, print the per-arm summary and comparisons, the
+measured compute multiplier and the fitted compute curves where they passed their check (or, with --mlperf,
+the MLPerf-style scores; with --crossover, the crossover map), optionally plot.
 
 A study folder `results/<study>/` holds its rows (`leaderboard.csv`) and its analysis plan (`PLAN.md`): a
 front matter of YAML between `---` lines naming the primary metrics, the baseline arm, the targets, the
 test, alpha, the multiplicity correction and what "pays" means (and, optionally, the rule by which a held-out
-prediction of the compute curves fails and how far from B a crossover is read), then prose. The report
-applies the plan it finds beside the CSV (or `--plan FILE`) and labels every reading confirmatory or
-exploratory: without a plan everything is exploratory, and so is everything a plan reads from rows written
-before it (the plan did not exist when the data could still steer the analysis).
+prediction of the compute curves fails, how far from B a crossover is read, the baseline's ladder CSV and when
+the plan was amended), then prose. The report applies the plan it finds beside the CSV (or `--plan FILE`),
+reads the ladder it names beside the rows, and labels every reading confirmatory or exploratory: without a
+plan everything is exploratory, and so is everything a plan reads from rows written before it (or before its
+amendment: the analysis did not exist when the data could still steer it).
 
 "pays" is read one of two ways (`multiplicity.RULES`). `ratio: flops` (or `device_hours`) with `interval: below 1`:
 the isotonic compute-to-target ratios are tested and an arm pays where they lie below 1 on every primary
-metric. `ratio: compute multiplier` with `interval: above 1`: the tests are the difference at B and log M(B)
-of the compute curves, Holm across them, the ratios are reported untested, and the report ends with each
-arm's verdict at B (`multiplicity.multiplier_verdicts`, `tables.render_verdicts`).
+metric. `ratio: compute multiplier` with `interval: above 1`: the tests are the difference at B and log M(B),
+M measured on the baseline's ladder (`multiplier`), Holm across them, and the report ends with each arm's
+verdict at B (`multiplicity.multiplier_verdicts`, `tables.render_verdicts`).
 
 Apart from `leaderboard.py` (the CSV's schema and locked appends) so that writers of rows need neither
 scipy nor matplotlib, and so the modules import one way: leaderboard <- estimators <- targets <- summary <-
-scaling, multiplicity <- tables <- mlperf, plots, crossover <- report.
+multiplier <- scaling, multiplicity <- tables <- mlperf, plots, crossover <- report.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from maskbench.results.multiplicity import (
     correct_study,
     multiplier_verdicts,
 )
-from maskbench.results.multiplier import ArmMultiplier, measured_multipliers
+from maskbench.results.multiplier import AUXILIARY, ArmMultiplier, Reading, measured_multipliers
 from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, FAILURE_RULES, GroupFit, fit_groups
 from maskbench.results.summary import SIZE_TOLERANCE, Summary, summarize
 from maskbench.results.tables import (
@@ -61,7 +62,9 @@ from maskbench.results.targets import COMPUTE
 
 PLAN_FILE = "PLAN.md"
 PLAN_KEYS = ("study", "written", "primary_metrics", "baseline", "targets", "test", "alpha", "correction", "pays")
-PLAN_OPTIONAL = ("prediction_fails", "crossover_within")  # the compute curves' held-out rule and k; defaults below
+# the compute curves' held-out rule and k (defaults below); when the plan was amended (its readings confirm only rows
+# written after that); the baseline's ladder, a CSV beside the plan read with the study's rows
+PLAN_OPTIONAL = ("prediction_fails", "crossover_within", "amended", "ladder")
 # What the report knows how to apply; a plan asking for anything else is refused, never silently misread.
 TARGETS = "baseline horizons"      # the baseline's value at each of its eval points, per seed
 TEST = "paired t over seeds"       # per-seed differences and log ratios (Welch only where seeds do not pair)
@@ -87,19 +90,28 @@ class Plan:
     prediction_fails: str = DEFAULT_RULE        # a `scaling.FAILURE_RULES` name: when a held-out prediction fails
     crossover_within: float = CROSSOVER_WITHIN  # k: a crossover is read within [B/k, k·B]
     rule: str = RATIO            # how "pays" is read: the ratios (RATIO) or the compute multiplier (MULTIPLIER)
+    amended: datetime | None = None  # when its analysis last changed: it confirms only rows written after that
+    ladder: Path | None = None   # the baseline's ladder (a CSV), read beside the study's rows
+
+    @property
+    def since(self) -> datetime:
+        """The time its readings date from: the amendment's, else the plan's."""
+        return self.amended or self.written
 
     def family(self, rows: Sequence[Row]) -> Family:
-        """The plan's tests; confirmatory only when every measured row was written after the plan."""
+        """The plan's tests; confirmatory only when every measured row was written after the plan (and after
+        its amendment, if any: an analysis changed once rows were seen explores them)."""
         return Family(self.primary, self.pays, self.correction, self.alpha,
-                      confirmatory=not _before(rows, self.written), rule=self.rule)
+                      confirmatory=not _before(rows, self.since), rule=self.rule)
 
     def describe(self, rows: Sequence[Row], tests: int) -> str:
         """The line that says which plan was applied, how, and whether its readings confirm or explore."""
-        early = _before(rows, self.written)
+        early = _before(rows, self.since)
         measured = sum(not row["source"] for row in rows)
-        status = (f"written {self.written.isoformat()}, after {len(early)} of these {measured} rows: its readings "
-                  f"of them are exploratory" if early else
-                  f"written {self.written.isoformat()}, before every row: its planned readings are confirmatory")
+        when = f"written {self.written.isoformat()}" + (f", amended {self.amended.isoformat()}" if self.amended
+                                                         else "")
+        status = (f"{when}, after {len(early)} of these {measured} rows: its readings of them are exploratory"
+                  if early else f"{when}, before every row: its planned readings are confirmatory")
         pays = (f"{COMPUTE[self.pays]} ratio {PAYS_INTERVAL} on every primary metric" if self.rule == RATIO else
                 f"compute multiplier M(B), measured on the baseline's ladder, {PAYS_MULTIPLIER_INTERVAL} on every "
                 f"primary metric and the difference at B agreeing (tests: the difference at B and log M(B) per arm "
@@ -178,10 +190,14 @@ def _plan(path: Path, front: dict) -> Plan:
     if isinstance(within, bool) or not isinstance(within, int | float) or not within > 1:
         raise ValueError(f"crossover_within must be a number above 1 (k: read a crossover within [B/k, k·B]), "
                          f"got {within!r}")
+    ladder = path.parent / str(front["ladder"]) if "ladder" in front else None
+    if ladder is not None and not ladder.is_file():
+        raise ValueError(f"ladder: no such CSV {ladder}")
     return Plan(path=path, study=str(front["study"]), written=_timestamp(front["written"]), primary=tuple(primary),
                 baseline=str(front["baseline"]), alpha=front["alpha"], correction=front["correction"],
                 pays=PAYS_RATIO.get(pays["ratio"], "train_flops"), prediction_fails=rule,
-                crossover_within=float(within), rule=MULTIPLIER if multiplier else RATIO)
+                crossover_within=float(within), rule=MULTIPLIER if multiplier else RATIO,
+                amended=_timestamp(front["amended"], "amended") if "amended" in front else None, ladder=ladder)
 
 
 def _expect(key: str, value: object, supported: str) -> None:
@@ -189,14 +205,14 @@ def _expect(key: str, value: object, supported: str) -> None:
         raise ValueError(f"{key}: this report applies {supported!r} only, got {value!r}")
 
 
-def _timestamp(value: object) -> datetime:
+def _timestamp(value: object, key: str = "written") -> datetime:
     """An ISO 8601 date-time with its time zone (YAML may have parsed it already)."""
     try:
         written = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
     except ValueError:
         written = None
     if written is None or written.tzinfo is None:
-        raise ValueError(f"written must be a date-time with a time zone, e.g. 2026-12-02T08:00:00+00:00, "
+        raise ValueError(f"{key} must be a date-time with a time zone, e.g. 2026-12-02T08:00:00+00:00, "
                          f"got {value!r}")
     return written
 
@@ -233,6 +249,12 @@ class AppliedPlan(NamedTuple):
     family: Family
     set_aside: Plan | None = None
 
+    @property
+    def rules(self) -> Plan | None:
+        """The plan whose fixed rules (held-out rule, crossover window, ladder) every table uses, set aside or
+        not: an exploratory reading is still read by the plan's rules, never by looser defaults."""
+        return self.plan or self.set_aside
+
     def describe(self, rows: Sequence[Row], tests: int) -> str:
         """The report's first line: the plan applied, set aside, or none."""
         if self.plan:
@@ -254,6 +276,13 @@ def applied_plan(rows: list[dict], paths: Sequence[str], plan: str | None, basel
                        found.family(rows) if found else EXPLORATORY)
 
 
+def with_ladder(rows: list[Row], applied: AppliedPlan) -> list[Row]:
+    """The rows, and the baseline's ladder the plan names beside them (its rows are the baseline's runs to
+    beyond the arms' budget: `multiplier` reads every arm on them)."""
+    ladder = applied.rules.ladder if applied.rules else None
+    return rows + read_rows([ladder], "abort") if ladder else rows
+
+
 def _plan_for(paths: Sequence[str], plan: str | None) -> Plan | None:
     """The plan to apply: --plan FILE, else the PLAN.md beside the CSVs, else none."""
     path = Path(plan) if plan else find_plan(paths)
@@ -270,6 +299,7 @@ class Analysis:
     fits: list[GroupFit]
     verdicts: list[ArmVerdict]
     tests: int
+    also: tuple[list[ArmMultiplier], ...] = ()  # M on device-hours, and with auxiliary FLOPs charged (reported)
 
 
 def analyse_rows(rows: Sequence[Row], plan: Plan | None, baseline: str, family: Family,
@@ -282,12 +312,21 @@ def analyse_rows(rows: Sequence[Row], plan: Plan | None, baseline: str, family: 
     metrics = (CO_PRIMARY if family.rule == RATIO else
                tuple(m for m in family.compared() if get_metric(m).lower_is_better))
     measured = measured_multipliers(rows, baseline, metrics, 1 - family.alpha, size_tolerance)
+    also = tuple(found for how in _other_readings(rows)
+                 if (found := measured_multipliers(rows, baseline, metrics, 1 - family.alpha, size_tolerance, how)))
     found = fit_groups(rows, baseline, metrics, level=1 - family.alpha,
                        within=plan.crossover_within if plan else CROSSOVER_WITHIN,
                        rule=plan.prediction_fails if plan else DEFAULT_RULE,
                        size_tolerance=size_tolerance) if fits else []
     summary, measured, tests = correct_study(summary, measured, family)
-    return Analysis(summary, measured, found, multiplier_verdicts(summary, measured, family), tests)
+    return Analysis(summary, measured, found, multiplier_verdicts(summary, measured, family), tests, also)
+
+
+def _other_readings(rows: Sequence[Row]) -> list[Reading]:
+    """The readings of M reported beside the FLOPs one: on device-hours (only between rows of one device model),
+    and, where an arm spent FLOPs outside its steps (`multiplier.AUXILIARY`), with them charged to it."""
+    readings = [Reading(axis="gpu_hours")]
+    return readings + ([Reading(charged=True)] if any(row.get(AUXILIARY) for row in rows) else [])
 
 
 def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
@@ -328,7 +367,8 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         if mlperf:
             return _print_mlperf(rows, baseline or "mask0", fmt)
         applied = applied_plan(rows, paths, plan, baseline)
-        found, baseline, family = applied.plan, applied.baseline, applied.family
+        rows = with_ladder(rows, applied)
+        found, baseline, family = applied.rules, applied.baseline, applied.family
         tolerance = None if allow_size_mismatch else SIZE_TOLERANCE
         if crossover:
             return _print_crossover(rows, crossover, applied, plot, tolerance,
@@ -340,7 +380,8 @@ def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None 
         _print_plan_line(applied.describe(rows, analysis.tests), fmt, compact)
         print(render(summary, fmt, family, details))
         if fmt != "csv" and analysis.measured:
-            print("\n" + render_multipliers(analysis.measured, fmt, 1 - family.alpha))
+            for found in (analysis.measured, *analysis.also):
+                print("\n" + render_multipliers(found, fmt, 1 - family.alpha))
         if fits and fmt != "csv":
             print("\n" + render_scaling(fits, fmt, 1 - family.alpha, details))
         if analysis.verdicts:

@@ -256,7 +256,7 @@ class GroupFit:
     budget: float                           # B: the mean FLOPs of the baseline at its largest horizon
     points: tuple[float, ...]               # the horizons (eval points) ...
     horizons: tuple[float, ...]             # ... and their FLOPs
-    floor: Estimate                         # E over seeds
+    floor: Estimate                         # E over seeds (NaN: each arm has its own, `ArmFit.floor`)
     arms: tuple[ArmFit, ...]                # the baseline first
     fits: tuple[SeedFit, ...]
     weighted: bool                          # residuals over sampling errors (else over the value: relative)
@@ -368,7 +368,7 @@ def fit_group(key: tuple, rows: Sequence[Row], metric: str, baseline: str = "mas
     held_out, held_points = _held_out(rows, metric, baseline, points, budget, fits, level, rule, weighted,
                                       size_tolerance)
     return GroupFit(key, metric, baseline, budget, tuple(points), tuple(horizons),
-                    mean_ci([fit.floor for fit in fits], level), _arm_fits(fits, baseline, horizons, level, within),
+                    (math.nan, math.nan), _arm_fits(fits, baseline, horizons, level, within),
                     tuple(fits), weighted, within, held_out, held_points, rule, tuple(notes))
 
 
@@ -433,8 +433,10 @@ def _arms(fits: Sequence[SeedFit], baseline: str) -> list[str]:
 
 def multiplier_at(fits: Sequence[SeedFit], arm: str, baseline: str, flops: float,
                   level: float = 0.95) -> Ratio | None:
-    """M at `flops`: per seed from that seed's fit, then their geometric mean and t-interval (a ratio)."""
-    return ratio_summary([float(fit.multiplier(arm, baseline, flops)) for fit in fits], level)
+    """M at `flops`: per seed from that seed's fit, then their geometric mean and t-interval (a ratio); None where
+    a seed's arm lies below its baseline's fitted floor (the baseline's curve never gets there: no M)."""
+    values = [float(fit.multiplier(arm, baseline, flops)) for fit in fits]
+    return ratio_summary(values, level) if all(math.isfinite(v) and v > 0 for v in values) else None
 
 
 def find_crossover(fits: Sequence[SeedFit], arm: str, baseline: str, within: float = CROSSOVER_WITHIN,

@@ -267,8 +267,9 @@ def render_multipliers(measured: Sequence[ArmMultiplier], fmt: str = "table", le
     by_key: dict[tuple, list[ArmMultiplier]] = {}
     for found in measured:
         by_key.setdefault((found.group, found.metric), []).append(found)
-    for (group, metric), arms in by_key.items():
-        tables += _multiplier_tables(group, metric, arms, pct)
+    for (group, metric), found in by_key.items():
+        if arms := [a for a in found if a.points]:
+            tables += _multiplier_tables(group, metric, arms, pct)
     notes = [MULTIPLIER_NOTE.format(baseline=first.baseline)]
     notes += list(dict.fromkeys(f"{group_label(*m.group)} {m.arm}: {note}" for m in measured for note in m.notes))
     if fmt == "markdown":
