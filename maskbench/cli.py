@@ -97,7 +97,15 @@ def sweep_cells(runs, extra_csvs: list[str]):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from maskbench.runs.sweep import format_status, format_studies, launch_lines, plan_sweep, with_study
+    from maskbench.runs.sweep import (
+        format_status,
+        format_studies,
+        ladder_summary,
+        launch_lines,
+        plan_sweep,
+        with_ladder,
+        with_study,
+    )
 
     if args.list_studies:
         print(format_studies())
@@ -105,7 +113,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     study, overrides = with_study(args.overrides)
     if study is not None:
         print(f"study {study.name}: {' '.join(overrides)}", file=sys.stderr)
-    runs = plan_sweep(overrides)
+    ladder, overrides = with_ladder(overrides, study)
+    runs = plan_sweep(overrides, ladder)
+    print(ladder_summary(runs, ladder), file=sys.stderr)
     cells, csvs = sweep_cells(runs, args.csv)
     if args.status:
         print(format_status(cells, csvs))
@@ -336,7 +346,10 @@ added.
 def add_sweep(sweep: argparse.ArgumentParser) -> None:
     sweep.description = ("Expand key=a,b,c overrides (or a named study, study=NAME) into every combination. Without "
                          "--emit, train them here one after another: cells whose rows are already in the "
-                         "leaderboard CSV are skipped, interrupted ones resume.")
+                         "leaderboard CSV are skipped, interrupted ones resume. baseline=ARM baseline.reach=K runs "
+                         "the baseline's cells to K times the budget, on the same horizons continued by doublings "
+                         "(its ladder: the leaderboard reads every arm's compute multiplier off it); a study that "
+                         "names its baseline gets K=4 unless baseline.reach=1. The extra FLOPs are printed first.")
     sweep.epilog = SWEEP_EPILOG
     sweep.add_argument("overrides", nargs="*", metavar="KEY=V1,V2,...",
                        help="sweep overrides; study=NAME|FILE.yaml expands a study's grid")
@@ -424,16 +437,17 @@ def add_leaderboard(board: argparse.ArgumentParser) -> None:
                          "compare each arm with the baseline on FD and validation loss side by side (co-primary): "
                          "at the final point the difference with its paired t-interval, p, the minimum detectable "
                          "effect (80% power), a verdict that claims no more than the interval (better / worse / "
-                         "no difference detected); at each of the baseline's horizons the per-seed ratios of FLOPs "
-                         "and device-hours to reach the baseline's value there, read off monotone fits of each "
-                         "run's curve; and where the two metrics disagree. Then, for each group with the baseline "
-                         "at >= 3 horizons, the compute curves: each arm's L(C) = E + A·(C/B)^-alpha fitted per "
-                         "seed, the compute multiplier M at each horizon, the crossover C* where M reaches 1 (or "
-                         "none within k× of B) and the held-out check (the fit on horizons <= B/2 predicting B). "
+                         "no difference detected), and where the two metrics disagree. Then the measured compute "
+                         "multiplier M at each of the arms' horizons: the FLOPs (and device-hours, one device model "
+                         "only) the baseline needs to reach the arm's value, read off the same seed's measured "
+                         "baseline curve (its ladder: the baseline's run that reaches furthest, which a plan may name "
+                         "beside the CSV), over the arm's; past the ladder's end a bound; with its trend over seeds. "
+                         "Fitted compute curves (L(C) = E + A·(C/B)^-alpha per arm and seed) are shown only where the "
+                         "baseline's fit up to B predicted its own ladder past B. "
                          "Runs pair only when their device, precision and draw scheme match and their parameter "
                          "counts agree within 5%. A study's PLAN.md "
                          "beside the CSV (or --plan) sets the primary metrics, baseline, alpha, the multiplicity "
-                         "correction and what pays; without one every reading is exploratory.")
+                         "correction, what pays and its ladder; without one every reading is exploratory.")
     board.add_argument("csvs", nargs="*", metavar="CSV",
                        help="leaderboard CSVs (default: results/leaderboard.csv and results/reference.csv)")
     board.add_argument("--format", choices=("table", "markdown", "csv"), default="table",
@@ -540,7 +554,7 @@ COMMANDS = {  # name -> (one-line help, the function that adds its arguments and
     "eval": ("(re)evaluate a run's checkpoints, or build FID reference statistics", add_eval),
     "sample": ("draw images for your prompts from a trained run's EMA weights, as one grid PNG", add_sample),
     "leaderboard": ("compare arms: mean ± 95%% CI per eval point, paired comparisons with verdicts, "
-                    "compute-to-target, plots (--mlperf: MLPerf-style scores)",
+                    "the measured compute multiplier, plots (--mlperf: MLPerf-style scores)",
                     add_leaderboard),
     "repro": ("reproducibility checks of a run: rerun, resume, metrics, environment, digests (PASS/FAIL)",
               add_repro),

@@ -182,7 +182,7 @@ def test_bad_study_files_are_refused_in_one_line(tmp_path, text, message):
 
 def test_study_errors_and_listing_on_the_command_line(capsys):
     assert main(["sweep", "study=nope"]) == 2
-    assert "unknown study 'nope'; shipped studies: crossover, example, fair, literature, plateau_curve, plateau_curve_one, plateau_curve_xxs, powered" in capsys.readouterr().err
+    assert "unknown study 'nope'; shipped studies: crossover, example, fair, fair_ladder, literature, plateau_curve, plateau_curve_one, plateau_curve_xxs, powered" in capsys.readouterr().err
     assert main(["sweep", "study=example,other"]) == 2
     assert "one study at a time" in capsys.readouterr().err
     assert main(["sweep", "study=missing/file.yaml"]) == 2
@@ -192,9 +192,10 @@ def test_study_errors_and_listing_on_the_command_line(capsys):
     at = next(i for i, line in enumerate(listing) if line.startswith("example "))
     assert listing[at + 1].split() == ["arm=mask0,mask75", "seed=0,1"]
     assert main(["sweep", "study=example", "seed=3", "--emit", "torchrun", "--nproc", "1"]) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "torchrun --nproc_per_node 1 -m maskbench run arm=mask0 seed=3",
-        "torchrun --nproc_per_node 1 -m maskbench run arm=mask75 seed=3"]  # seed 3 is in no CSV
+    assert capsys.readouterr().out.splitlines() == [  # seed 3 is in no CSV; the study's baseline runs to 4 B
+        "torchrun --nproc_per_node 1 -m maskbench run arm=mask0 seed=3 budget.flops=4e+13 "
+        "'eval.points=[0.0625,0.125,0.1875,0.25,0.5,1]'",
+        "torchrun --nproc_per_node 1 -m maskbench run arm=mask75 seed=3"]
 
 
 @pytest.mark.parametrize("argv", [["sweep", "arm=mask0,mask75", "seed=0,1", "--status"],
@@ -215,3 +216,24 @@ def test_the_shipped_studies_are_valid_grids_with_their_own_csv(study, cells):
     assert len({cfg.seed for _, cfg in runs}) >= 3 and {cfg.model.mixer_depth for _, cfg in runs} == {1}
     scaled = plan_sweep(with_study([f"study={study}", "model=dit_b2", "seed=0"])[1])
     assert {cfg.model.name for _, cfg in scaled} == {"dit_b2"} and len(scaled) * 3 <= cells
+
+
+def test_a_baseline_ladder_runs_the_baseline_past_b_on_the_same_grid_and_says_what_it_adds(capsys):
+    """baseline=mask0 baseline.reach=4: mask0's cells run to 4 B, their eval points the grid's divided by 4 and
+    then 2 B and 4 B (a cooled horizon is the standalone run of its budget, so the first four are the arms'
+    horizons); mask75 stays at B. A study that names its baseline gets reach 4; reach 1 turns it off; a reach
+    without a baseline is refused."""
+    from maskbench.runs.sweep import Study, ladder_summary, plan_sweep, with_ladder
+
+    ladder, rest = with_ladder(["arm=mask0,mask75", "budget.flops=1e12", "eval.points=[0.5,1.0]",
+                                "baseline=mask0", "baseline.reach=4"])
+    runs = plan_sweep(rest, ladder)
+    by_arm = {cfg.arm.name: cfg for _, cfg in runs}
+    assert by_arm["mask0"].budget.flops == 4e12 and list(by_arm["mask0"].eval.points) == [0.125, 0.25, 0.5, 1.0]
+    assert by_arm["mask75"].budget.flops == 1e12 and list(by_arm["mask75"].eval.points) == [0.5, 1.0]
+    assert ladder_summary(runs, ladder) == ("baseline ladder: mask0 to 4·B in 1 cell(s): +3e+12 FLOPs of trunk, "
+                                            "+150% on the grid's 2e+12 without it")
+    study = Study("s", "", ("arm=mask0,mask75",), baseline="mask0")
+    assert with_ladder([], study)[0].reach == 4 and with_ladder(["baseline.reach=1"], study)[0] is None
+    with pytest.raises(ConfigError, match="baseline.reach needs a baseline"):
+        with_ladder(["baseline.reach=4"])

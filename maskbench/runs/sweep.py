@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import shlex
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,10 +55,12 @@ def expand_grid(overrides: list[str]) -> list[list[str]]:
 # ------------------------------------------------------------------------------------------ studies
 @dataclass(frozen=True)
 class Study:
-    """A named grid: what it is for, and its overrides (each one axis, `key=a,b` or a fixed `key=v`)."""
+    """A named grid: what it is for, its overrides (each one axis, `key=a,b` or a fixed `key=v`), and the
+    baseline it names (`baseline: ARM` in its file), whose runs a sweep extends into a ladder (`Ladder`)."""
     name: str
     description: str
     grid: tuple[str, ...]
+    baseline: str | None = None
 
 
 def known_studies() -> list[str]:
@@ -86,7 +89,10 @@ def load_study(name: str) -> Study:
     if any(o.partition("=")[0] == "study" for o in grid):
         raise ConfigError(f"study file {path}: a study cannot name another study")
     _parse(grid)  # a bad axis is refused here, naming nothing yet
-    return Study(path.stem, str(loaded.get("description", "")).strip(), tuple(grid))
+    baseline = loaded.get("baseline")
+    if baseline is not None and not isinstance(baseline, str):
+        raise ConfigError(f"study file {path}: baseline must be an arm's name, got {baseline!r}")
+    return Study(path.stem, str(loaded.get("description", "")).strip(), tuple(grid), baseline)
 
 
 def with_study(overrides: list[str]) -> tuple[Study | None, list[str]]:
@@ -106,6 +112,63 @@ def with_study(overrides: list[str]) -> tuple[Study | None, list[str]]:
     own = [o.key_or_group for o in _parse(list(study.grid))]
     grid = [given.get(key, line) for key, line in zip(own, study.grid)]
     return study, grid + [line for key, line in given.items() if key not in own]
+
+
+# ------------------------------------------------------------------------------------- the baseline's ladder
+DEFAULT_REACH = 4.0  # a study that names its baseline runs it to 4·B unless `baseline.reach=` says otherwise
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The baseline's runs extended past the arms' budget B to reach·B, on the same grid of horizons continued
+    by doublings, so that every arm's value can be located on the baseline's *measured* curve of its seed (the
+    measured compute multiplier, `results/multiplier.py`). A cooled horizon equals the standalone run of its
+    budget, so the ladder's horizons up to B are the arms' horizons, draw for draw."""
+    arm: str
+    reach: float
+
+    def overrides(self, cfg: RunConfig) -> list[str]:
+        """What turns a baseline cell of budget B into its ladder: budget reach·B, and its eval points (fractions
+        of that) the cell's own points divided by reach, then B·2, B·4, ... up to reach·B."""
+        doublings = [2.0**j for j in range(1, int(math.log2(self.reach)) + 1) if 2.0**j < self.reach]
+        points = [p / self.reach for p in cfg.eval.points] + [d / self.reach for d in doublings] + [1.0]
+        return [f"budget.flops={cfg.budget.flops * self.reach:g}",
+                "eval.points=[" + ",".join(f"{p:g}" for p in sorted(set(points))) + "]"]
+
+
+def with_ladder(overrides: list[str], study: Study | None = None) -> tuple[Ladder | None, list[str]]:
+    """Split `baseline=ARM` and `baseline.reach=K` out of a sweep's overrides: (the ladder or None, the rest). A
+    study's named baseline gets DEFAULT_REACH unless `baseline.reach=` is given; reach 1 turns the ladder off."""
+    keys = {o.partition("=")[0]: o.partition("=")[2] for o in overrides if o.partition("=")[0] in LADDER_KEYS}
+    rest = [o for o in overrides if o.partition("=")[0] not in LADDER_KEYS]
+    arm = keys.get("baseline") or (study.baseline if study else None)
+    if "baseline.reach" in keys and arm is None:
+        raise ConfigError("baseline.reach needs a baseline: baseline=ARM (or a study that names one)")
+    if arm is None:
+        return None, rest
+    try:
+        reach = float(keys.get("baseline.reach", DEFAULT_REACH))
+    except ValueError:
+        raise ConfigError(f"baseline.reach must be a number, got {keys['baseline.reach']!r}") from None
+    if not reach >= 1:
+        raise ConfigError(f"baseline.reach must be at least 1 (1: no ladder), got {reach:g}")
+    return (Ladder(arm, reach) if reach > 1 else None), rest
+
+
+LADDER_KEYS = ("baseline", "baseline.reach")
+
+
+def ladder_summary(runs: list[tuple[list[str], RunConfig]], ladder: Ladder | None) -> str:
+    """One line for a sweep's plan, --dry-run and --emit: what the ladder adds (its cells and extra FLOPs, the
+    trunk's; cooled branches add their decay share on top, as for every cell)."""
+    if ladder is None:
+        return "baseline ladder: none (baseline=ARM baseline.reach=K runs the baseline to K·B)"
+    extended = [cfg for _, cfg in runs if cfg.arm.name == ladder.arm]
+    extra = sum(cfg.budget.flops * (1 - 1 / ladder.reach) for cfg in extended)
+    without = sum(cfg.budget.flops for _, cfg in runs) - extra
+    return (f"baseline ladder: {ladder.arm} to {ladder.reach:g}·B in {len(extended)} cell(s): +{extra:.3g} FLOPs of "
+            f"trunk, {extra / without:+.0%} on the grid's {without:.3g} without it" if without else
+            "baseline ladder: no cells")
 
 
 def format_studies() -> str:
@@ -179,8 +242,9 @@ def format_status(cells: list[GridCell], csvs: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def plan_sweep(overrides: list[str]) -> list[tuple[list[str], RunConfig]]:
-    """(overrides, validated config) per run; raises ConfigError on the first bad combination.
+def plan_sweep(overrides: list[str], ladder: Ladder | None = None) -> list[tuple[list[str], RunConfig]]:
+    """(overrides, validated config) per run; raises ConfigError on the first bad combination. With a ladder,
+    the baseline's cells run to its reach (`Ladder.overrides`), the other arms' to B.
 
     Composing a config takes about half a second, and a study's seed axis repeats every other cell: the
     run seed is a plain integer that no other setting is derived from, so cells that differ only in it
@@ -189,6 +253,7 @@ def plan_sweep(overrides: list[str]) -> list[tuple[list[str], RunConfig]]:
     composed: dict[tuple[str, ...], RunConfig] = {}
     runs = []
     for combo in expand_grid(overrides):
+        combo = _laddered(combo, ladder, composed)
         shape, seed = tuple(o for o in combo if o.partition("=")[0] != "seed"), _plain_seed(combo)
         if shape in composed and seed is not None:
             cfg = copy.deepcopy(composed[shape])
@@ -198,6 +263,15 @@ def plan_sweep(overrides: list[str]) -> list[tuple[list[str], RunConfig]]:
             composed.setdefault(shape, cfg)
         runs.append((combo, cfg))
     return runs
+
+
+def _laddered(combo: list[str], ladder: Ladder | None, composed: dict[tuple[str, ...], RunConfig]) -> list[str]:
+    """The combination, extended to the ladder's reach when it is the baseline's (its B and points composed)."""
+    if ladder is None:
+        return combo
+    shape = tuple(o for o in combo if o.partition("=")[0] != "seed")
+    cfg = composed.get(shape) or composed.setdefault(shape, load_config(combo))
+    return combo + ladder.overrides(cfg) if cfg.arm.name == ladder.arm else combo
 
 
 def _plain_seed(combo: list[str]) -> int | None:
