@@ -164,3 +164,33 @@ def test_on_a_steepening_baseline_the_fit_is_flagged_while_m_holds():
     assert "fitted curves not shown" in render_scaling([fit])
     found = {m.arm: m for m in measured_multipliers(rows, metrics=("val_loss",))}
     assert found["mask75"].at_budget.lo <= 1.5 <= found["mask75"].at_budget.hi
+
+
+def test_device_hours_are_read_only_between_rows_of_one_device_model():
+    """On FLOPs a ladder from another CPU model is read (with a note); on device-hours it is refused: another
+    model's hour is another unit, so no ratio is printed and the note says "different devices"."""
+    from maskbench.results.multiplier import Reading
+
+    rows = [dict(row, gpu_hours=row["train_flops"] / 1e13) for row in study(np.random.default_rng(9), 1.5)]
+    hours = Reading(axis="gpu_hours")
+    (same,) = measured_multipliers(rows, metrics=("val_loss",), how=hours)
+    assert same.at_budget.geomean == pytest.approx(1.5, rel=0.05)
+    moved = [dict(row, device="cpu:other") if row["arm"] == "mask0" else row for row in rows]
+    (refused,) = measured_multipliers(moved, metrics=("val_loss",), how=hours)
+    assert refused.points == () and refused.at_budget is None
+    assert refused.notes == ("not read on seed(s) 0, 1, 2, 3, 4: different devices (cpu:test vs cpu:other)",)
+    (flops,) = measured_multipliers(moved, metrics=("val_loss",))
+    assert flops.at_budget is not None
+
+
+def test_charging_an_arms_auxiliary_flops_lowers_its_multiplier():
+    """An arm that spent 0.5 B outside its steps (REPA's encoder pretraining, `encoder_flops`): charged, its C at
+    B is 1.5 B, so M(B) falls from 1.5 to about 1.0; uncharged it is unchanged."""
+    from maskbench.results.multiplier import Reading
+
+    rows = [dict(row, encoder_flops=0.5 * B) if row["arm"] == "mask75" else row
+            for row in study(np.random.default_rng(10), 1.5, noise=0.002)]
+    (plain,) = measured_multipliers(rows, metrics=("val_loss",))
+    (charged,) = measured_multipliers(rows, metrics=("val_loss",), how=Reading(charged=True))
+    assert plain.at_budget.geomean == pytest.approx(1.5, rel=0.02)
+    assert charged.at_budget.geomean == pytest.approx(1.0, rel=0.02) and charged.charged
