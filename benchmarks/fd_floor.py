@@ -5,7 +5,7 @@ real scenes score. The fresh scenes are the held-out split of a second synth dat
 generation seed, so they share no scene, and no caption, with the reference; a model prompted with the
 held-out captions themselves can score below it. Each run writes one row per (dataset, count) into
 results/fd_floor.csv (--out), replacing that row and keeping the others: docs/studies.md quotes the floor from
-this file (`python -m maskbench.results.doctables`), with its sample count.
+this file (`python -m tools.doctables`), with its sample count.
 
     python benchmarks/fd_floor.py data.max_objects=1 --n 2048     # one-object scenes (the plateau study's stage 1c)
     python benchmarks/fd_floor.py --n 256 --n 2048                # the default 1-3 object scenes

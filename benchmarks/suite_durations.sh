@@ -3,7 +3,7 @@
 # median run's table written to results/suite_durations.txt under a line saying when, at which commit, on how many
 # CPUs, every run's time and the median, and each shared fixture's cost in that run; then the quick subset
 # (`-m "not slow"`: tests/suite_costs.py says which tests that table makes `slow`), timed, on a second line.
-# README's table of both (`maskbench.results.doctables`, "suite-time") reads the two lines.
+# README's table of both (`tools/doctables.py`, "suite-time") reads the two lines.
 #
 #   bash benchmarks/suite_durations.sh            # from the repository root, with .venv active, alone on the machine
 #   RUNS=1 bash benchmarks/suite_durations.sh     # one run of each
@@ -47,10 +47,10 @@ table=$(mktemp)
     printf "%.2fs fixture  %s\n", most[k], k}' | sort -rn
 } > "$table"
 mv "$table" "$out"
-python -m maskbench.results.doctables --write > /dev/null  # README's table of it: the quick subset checks it
+python -m tools.doctables --write > /dev/null  # README's table of it: the quick subset checks it
 echo "wrote $out ($(($(wc -l < "$out") - 1)) timings): $(every "$median")"
 median=$(timed_runs "$runs" -m "not slow")
 line=$(header 'python -m pytest -q -n auto -m "not slow"' "$(tail -1 "$median" | tr -d '=' | xargs)" "$(every "$median")")
 sed -i "1a $(sed 's/[&/\]/\\&/g' <<< "$line")" "$out"
-python -m maskbench.results.doctables --write > /dev/null
+python -m tools.doctables --write > /dev/null
 echo "the quick subset: $(every "$median")"

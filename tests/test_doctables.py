@@ -1,4 +1,4 @@
-"""Every table of README.md and docs/*.md that reads a committed CSV is generated (`maskbench.results.doctables`):
+"""Every table of README.md and docs/*.md that reads a committed CSV is generated (`tools/doctables.py`):
 regenerated here from its CSVs, it must equal the committed text, so a table typed by hand or left behind by
 its rows fails."""
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from maskbench.results import doctables
-from maskbench.results.doctables import ROOT, TABLES, check, documents, generated, main, marked, write
+from tools import doctables
+from tools.doctables import ROOT, TABLES, check, documents, generated, main, marked, write
 
 MARKED = [table for path in documents(ROOT) for table in marked(path)]
 
@@ -18,7 +18,7 @@ def test_a_committed_table_is_what_its_csvs_give(table):
     assert table.name in TABLES, f"{table.path}:{table.line}: no generated table named {table.name!r}"
     assert table.text == generated(table.name), (
         f"{table.path.relative_to(ROOT)}:{table.line}: table {table.name!r} is stale: run "
-        "`python -m maskbench.results.doctables --write`")
+        "`python -m tools.doctables --write`")
 
 
 def test_every_generated_table_is_marked_once_and_the_check_passes():

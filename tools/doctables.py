@@ -13,11 +13,14 @@ ratio that is only a bound shows as one ("> 0.69": a seed never reached the targ
 arm's monotone fit pooled a rising stretch says so, and a gap under 2 combined sampling errors reads "not
 detected". Counts, floors and ratios that prose quotes live in these tables.
 
-    python -m maskbench.results.doctables            # check: exit 1 naming every stale or unknown table
-    python -m maskbench.results.doctables --write    # rewrite every marked table from its CSVs
-    python -m maskbench.results.doctables --list     # each table, the file it sits in and the CSVs it reads
+    python -m tools.doctables            # check: exit 1 naming every stale or unknown table
+    python -m tools.doctables --write    # rewrite every marked table from its CSVs
+    python -m tools.doctables --list     # each table, the file it sits in and the CSVs it reads
 
-`tests/test_doctables.py` regenerates every table and fails when the committed text differs.
+`tests/test_doctables.py` regenerates every table and fails when the committed text differs. It lives beside
+the repository's docs, not in the `maskbench` package: it names this repository's study CSVs and writes its
+documentation, which a user who installs maskbench has no use for (their own studies read with `maskbench
+leaderboard`, `--html` and `--plot`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from maskbench.results.tables import headline, render, render_multipliers, rende
 from maskbench.results.targets import Target
 from maskbench.results.trajectory import STEPS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 START = re.compile(r"^<!-- table: ([a-z0-9-]+) -->$")
 END = "<!-- /table -->"
 Z95 = 1.959963984540054  # a row's own 95% half-width: z · its sampling error
@@ -852,7 +855,7 @@ def check(root: Path = ROOT) -> list[str]:
                 problems.append(f"{where}: no generated table named {table.name!r}")
             elif table.text != generated(table.name, root):
                 problems.append(f"{where}: table {table.name!r} differs from what {', '.join(TABLES[table.name].csvs)} "
-                                f"give: run `python -m maskbench.results.doctables --write`")
+                                f"give: run `python -m tools.doctables --write`")
     problems += [f"table {name!r} is marked {len(places)} times ({', '.join(places)})"
                  for name, places in seen.items() if len(places) > 1]
     problems += [f"table {name!r} is marked nowhere in README.md or docs/" for name in TABLES if name not in seen]
@@ -880,7 +883,7 @@ def write(root: Path = ROOT) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m maskbench.results.doctables", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m tools.doctables", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The tables of README.md and docs/*.md that read committed CSVs, between <!-- table: NAME --> "
                     "and <!-- /table --> lines. Without options: check that each matches what its CSVs give (exit "
                     "1, naming every stale or unknown table).")
