@@ -24,6 +24,7 @@ class Metric:
     compared: bool = True      # summarised over seeds and compared with the baseline by the statistics
     features: str | None = None  # the summary field naming the feature space it is measured in (FD: which network)
     log_axis: bool = False     # plotted on a log axis: it falls over orders of magnitude while training
+    sample_count: str | None = "fid_n"  # the column counting the samples it was scored on (None: not recorded)
 
     @property
     def se_column(self) -> str:
@@ -38,7 +39,7 @@ METRICS: tuple[Metric, ...] = (
            features="fid_features"),
     Metric("clip_score", "CLIP", False, "CLIP cosine of each sample with its prompt; bootstrap SD over samples"),
     Metric("val_loss", "val loss", True, "fixed-t validation loss over held-out samples; standard error",
-           log_axis=True),
+           log_axis=True, sample_count=None),  # the held-out set's size is not a row column
     Metric("align_acc", "align", False, "fraction of samples the synth oracle finds matching their scene; "
            "binomial standard error"),
     Metric("fd_dinov2", "FD-DINOv2", True, "Fréchet distance in DINOv2 features (`fd_dinov2_features`); "

@@ -510,3 +510,20 @@ def test_every_committed_plan_parses_and_only_the_fair_one_reads_the_multiplier(
     text = (REPO / "results" / "fair" / "PLAN.md").read_text(encoding="utf-8")
     assert re.search(r"\nFront matter amended \(\d{4}-\d\d-\d\d \d\d:\d\d UTC, before any row\): it now encodes the "
                      r"tests and the verdict the prose above states; the prose is unchanged\.\n", text)
+
+
+def test_a_row_missing_a_declared_column_is_refused_naming_it_and_metric_columns_come_from_the_registry():
+    """A run's row must name every column of the schema (None where it has nothing): one the builder forgot is
+    refused by name, not written empty. The metric columns are the registry's, each once, typed float."""
+    from maskbench.metrics import METRICS
+    from maskbench.results.leaderboard import COLUMNS, FLOAT_COLUMNS, _metric, complete_row
+
+    full = {column: None for column in COLUMNS}
+    assert complete_row(full) is full
+    with pytest.raises(ValueError, match="without declared column\\(s\\): val_loss_se, skipped_steps"):
+        complete_row({k: v for k, v in full.items() if k not in ("skipped_steps", "val_loss_se")})
+    for m in METRICS:
+        assert COLUMNS.count(m.name) == COLUMNS.count(m.se_column) == 1
+        assert {m.name, m.se_column} <= FLOAT_COLUMNS
+    with pytest.raises(ValueError, match="not a registered metric"):
+        _metric("fid_typo")

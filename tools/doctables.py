@@ -264,8 +264,8 @@ def powered_final(root: Path) -> str:
     study = _study(root, POWERED)
     lines = []
     for arm, r in _records(study, "micro_s", 4e13).items():
-        for metric, label, spec in (("fid", "FD", ".0f"), ("val_loss", "val loss", ".4f")):
-            c = r.comparisons.get(metric)
+        for metric, spec in (("fid", ".0f"), ("val_loss", ".4f")):
+            label, c = get_metric(metric).label, r.comparisons.get(metric)
             if c is None:
                 continue
             d, target = c.difference, _final_target(r, metric)
@@ -335,8 +335,8 @@ def crossover_final(root: Path) -> str:
     for cell in sorted((c for c in cells if c.point == 1.0), key=lambda c: (c.params, c.batch_size)):
         setting = [f"`{cell.model}` ({cell.params / 1e6:.2f}M), {cell.batch_size}",
                    str(_steps(rows, cell.model, cell.batch_size, 1.0))]
-        for metric, label, spec in (("fid", "FD", ".0f"), ("val_loss", "val loss", ".3f")):
-            reading = cell.readings[metric]
+        for metric, spec in (("fid", ".0f"), ("val_loss", ".3f")):
+            label, reading = get_metric(metric).label, cell.readings[metric]
             d = reading.difference
             lines.append([*setting, label, _cell_ratio(reading, family),
                           f"{_signed(d.mean, spec)} [{_signed(d.lo, spec)}, {_signed(d.hi, spec)}]", _word(d.verdict)])
@@ -371,14 +371,14 @@ def crossover_counts(root: Path) -> str:
 
     late = [c for c in cells if _steps(rows, c.model, c.batch_size, c.point) > 300]
     counts = []
-    for metric, label in (("fid", "FD"), ("val_loss", "val loss")):
+    for metric, label in ((m, get_metric(m).label) for m in CO_PRIMARY):
         below_1 = [c for c in cells if ratio_verdict(c.readings[metric].ratio, family.alpha) == "pays"]
         counts.append([f"{label} ratio below 1 after Holm", f"{len(below_1)} of {len(cells)}", where(below_1)])
     pays = [c for c in cells if family.pays(cell_verdicts(c, family.alpha)) == "pays"]
     counts.append(["pays (both ratios below 1 after Holm: the plan's rule)", f"{len(pays)} of {len(cells)}", where(pays)])
     counts.append(["the metrics' verdicts disagree", f"{sum('disagree' in _agreement(c, family.alpha) for c in cells)} "
                    f"of {len(cells)}", ""])
-    for metric, label in (("fid", "FD"), ("val_loss", "val loss")):
+    for metric, label in ((m, get_metric(m).label) for m in CO_PRIMARY):
         found = [c for c in late if below(c, metric)]
         counts.append([f"past 300 mask0 steps, {label} ratio's uncorrected interval below 1",
                        f"{len(found)} of {len(late)}", where(found)])

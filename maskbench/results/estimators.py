@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.stats
 
+from maskbench.metrics import METRICS
 from maskbench.results.leaderboard import Row
 
 Estimate = tuple[float, float]  # (mean, confidence-interval half-width; NaN for one value)
@@ -73,9 +74,8 @@ def sampling_ses(rows: Sequence[Row], metric: str) -> list[float] | None:
     return None if None in found else found
 
 
-# The metrics scored on the generated samples, whose count each row records in `fid_n`. Validation loss is
-# scored on the held-out set, whose size the rows do not record.
-SAMPLE_COUNT = {"fid": "fid_n", "fd_dinov2": "fid_n", "clip_score": "fid_n", "align_acc": "fid_n"}
+# The column counting each metric's samples, where a row records one (`Metric.sample_count`).
+SAMPLE_COUNT = {m.name: m.sample_count for m in METRICS if m.sample_count}
 
 
 def curve_errors(rows: Sequence[Row], metric: str) -> list[float] | None:

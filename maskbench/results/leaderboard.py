@@ -38,23 +38,33 @@ def _added(name: str, kind: type = str) -> Column:
     return Column(name, kind, added=True)
 
 
+def _metric(name: str, added: bool = False) -> Column:
+    """A metric's value column (or, with a `_se` suffix, its sampling error's) where the committed CSVs have it:
+    the name checked against `maskbench.metrics` (a float, as every metric is), never typed a second time."""
+    base = name.removesuffix("_se")
+    metric = next((m for m in METRICS if m.name == base), None)
+    if metric is None or name not in (metric.name, metric.se_column):
+        raise ValueError(f"{name!r} is not a registered metric's column")
+    return Column(name, float, added)
+
+
 # The schema, in the order the committed CSVs have their columns: the one list a column is declared in. A metric's
-# columns (`maskbench.metrics`: the value and its `_se`) sit among them; one registered since comes after them, added.
+# columns (`maskbench.metrics`: the value and its `_se`) sit among them by name (`_metric`); one registered since
+# comes after them, added.
 _DECLARED: tuple[Column, ...] = (
     Column("run_id"), Column("arm"), Column("phases"), Column("dataset"), Column("model"), Column("params", int),
     Column("resolution", int), Column("batch_size", int), Column("seed", int), Column("budget_flops", float),
     Column("point", float), Column("step", int), Column("samples_seen", int), Column("train_flops", float),
     Column("gpu_hours", float), Column("device"), Column("n_devices", int), Column("mfu", float),
-    Column("val_loss", float), Column("fid", float), Column("fid_features"), Column("fid_n", int),
-    Column("clip_score", float), Column("clip_cos", float), Column("clip_model"), Column("align_acc", float),
+    _metric("val_loss"), _metric("fid"), Column("fid_features"), Column("fid_n", int),
+    _metric("clip_score"), Column("clip_cos", float), Column("clip_model"), _metric("align_acc"),
     Column("sampler_steps", int), Column("cfg_scale", float), Column("maskbench_version"), Column("git_sha"),
     Column("config_hash"), Column("created_at"), Column("source"),
-    _added("fid_ref"), _added("fd_dinov2", float), _added("fd_dinov2_features"), _added("flops_per_s", float),
+    _added("fid_ref"), _metric("fd_dinov2", added=True), _added("fd_dinov2_features"), _added("flops_per_s", float),
     _added("init_from"), _added("switch_step", int), _added("branch_flops", float), _added("data_wait_s", float),
     _added("compile_s", float), _added("eval_s", float), _added("checkpoint_s", float), _added("resume_s", float),
-    _added("val_loss_se", float), _added("fid_se", float), _added("fd_dinov2_se", float),
-    _added("clip_score_se", float), _added("align_acc_se", float), _added("precision"), _added("draw_scheme"),
-    _added("encoder_flops", float), _added("skipped_steps", int),
+    *(_metric(f"{name}_se", added=True) for name in ("val_loss", "fid", "fd_dinov2", "clip_score", "align_acc")),
+    _added("precision"), _added("draw_scheme"), _added("encoder_flops", float), _added("skipped_steps", int),
 )
 METRIC_COLUMNS = tuple(column for m in METRICS for column in (m.name, m.se_column))
 SCHEMA: tuple[Column, ...] = _DECLARED + tuple(_added(name, float) for name in METRIC_COLUMNS
@@ -113,6 +123,15 @@ def _format_row(row: Mapping[str, Value]) -> list[str]:
     cells = ["" if row.get(column) is None else str(row[column]) for column in COLUMNS]
     parse_row(dict(zip(COLUMNS, cells)))  # never write a row that read_rows would reject
     return cells
+
+
+def complete_row(row: Row) -> Row:
+    """A row as a run writes it, checked to name every declared column (None where it has nothing): a column
+    added to the schema but not to the row's builder is refused here, by name, instead of written empty."""
+    missing = [column for column in COLUMNS if column not in row]
+    if missing:
+        raise ValueError(f"leaderboard row without declared column(s): {', '.join(missing)}")
+    return row
 
 
 def as_read(row: Mapping[str, Value]) -> Row:

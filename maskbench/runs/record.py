@@ -23,7 +23,7 @@ from maskbench.data.dataset import DatasetInfo
 from maskbench.eval.evaluate import Evaluator, validation_loss
 from maskbench.files import write_folder_digests
 from maskbench.metrics import METRICS
-from maskbench.results.leaderboard import METRIC_COLUMNS, append_rows, as_read
+from maskbench.results.leaderboard import METRIC_COLUMNS, append_rows, as_read, complete_row
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha, precision_name
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.repa import encoder_pretrain_flops
@@ -42,7 +42,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
     draws give other numbers in another precision or on another kernel library's arithmetic. `encoder_flops` is
     what REPA's frozen encoder cost to train, apart from the budget as papers report it (empty: not known)."""
     encoder = encoder_pretrain_flops(cfg, data)
-    return {
+    return complete_row({
         "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data_label(cfg.data),
         "model": cfg.model.name, "params": params, "resolution": data.image_size,
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
@@ -63,8 +63,8 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "compile_s": state.compile_seconds, "eval_s": state.eval_seconds,
         "checkpoint_s": state.checkpoint_seconds, "resume_s": state.resume_seconds,
         "maskbench_version": maskbench.__version__, "git_sha": git_sha(), "config_hash": config_hash(cfg),
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "source": None,  # a measured row
+    })
 
 
 def record_point(run: RunDir, row: dict, result: dict, leaderboard: str | Path) -> None:
