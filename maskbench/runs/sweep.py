@@ -271,7 +271,11 @@ def _laddered(combo: list[str], ladder: Ladder | None, composed: dict[tuple[str,
         return combo
     shape = tuple(o for o in combo if o.partition("=")[0] != "seed")
     cfg = composed.get(shape) or composed.setdefault(shape, load_config(combo))
-    return combo + ladder.overrides(cfg) if cfg.arm.name == ladder.arm else combo
+    if cfg.arm.name != ladder.arm:
+        return combo
+    extended = ladder.overrides(cfg)
+    replaced = {o.partition("=")[0] for o in extended}
+    return [o for o in combo if o.partition("=")[0] not in replaced] + extended
 
 
 def _plain_seed(combo: list[str]) -> int | None:
