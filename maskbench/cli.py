@@ -54,7 +54,7 @@ def train_one(cfg) -> int:
     finally:
         for tracker in trainer.accelerator.trackers:  # what end_training does, less destroying the process group:
             tracker.finish()                          # a sweep's next cell trains in it (main() destroys it once)
-    if trainer.stop_signal is not None:
+    if trainer.progress.stop_signal is not None:
         return 130
     csv = cfg.paths.leaderboard
     trainer.accelerator.print(f"run directory: {run_dir}\nrows appended to {csv}; compare the arms with "

@@ -97,6 +97,14 @@ SMALL_EVAL = ("eval.n_samples=2", "eval.val_samples=4", "eval.bootstrap_resample
 FAST = (*SMALL_EVAL, "data.num_workers=0")
 
 
+def new_trainer(cfg, accelerator=None):
+    """A run's loop with what it trains built, without the evaluation `maskbench run` adds: checkpoints only."""
+    from maskbench.data.dataset import resolve_dataset
+    from maskbench.train.loop import trainer_for
+
+    return trainer_for(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), accelerator)
+
+
 def arm_overrides(tmp_path: Path, synth_root: Path, arm: str, *extra: str) -> list[str]:
     """`tiny_overrides` for a shipped arm: 3 backbone blocks for an arm that re-splits the baseline's (SPRINT's
     mixer and decoder come out of them, and 2 would leave no backbone block). Whether it re-splits is read from the

@@ -22,9 +22,8 @@ from maskbench.models.objective import downscale, flow_loss, in_window, interpol
 from maskbench.models.text import SynthTextEncoder
 from maskbench.runs.launch import train
 from maskbench.train.diagnostics import BlockNorms, named_blocks
-from maskbench.train.loop import Trainer
 from maskbench.train.schedule import downscaled_count, make_schedule
-from tests.conftest import FAST, randomized, tiny_overrides
+from tests.conftest import FAST, new_trainer, randomized, tiny_overrides
 
 B = 3
 
@@ -219,7 +218,7 @@ def test_planned_downscaled_counts_match_what_training_runs(tmp_path, synth_root
         return original(model, x0, *args, **kwargs)
 
     monkeypatch.setattr(objective, "flow_loss", recording)
-    run = Trainer(cfg).fit()
+    run = new_trainer(cfg).fit()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     planned = [sum(downscaled_count(cfg, grad_accum, step["step"])) for step in steps]
     assert 0 < sum(planned) < cfg.train.batch_size * len(steps)   # some, not all, samples downscaled

@@ -23,10 +23,8 @@ from maskbench.models.dit import DiT
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import route_choice, windowed_flow_loss
-from maskbench.train import loop
 from maskbench.train.diagnostics import BlockNorms
-from maskbench.train.loop import Trainer
-from tests.conftest import fresh_dynamo, randomized
+from tests.conftest import fresh_dynamo, new_trainer, randomized
 from tests.test_arms import _model
 from tests.test_kernels import interpret, needs_triton, random_keep  # noqa: F401 (interpret is a fixture)
 from tests.test_rule_arm import _cfg as _rule_cfg
@@ -177,9 +175,9 @@ def test_a_compiled_run_with_accumulation_and_a_probe_compiles_one_graph_per_pha
     the block hooks append to) recompile for every micro-batch and after every probe, and past Dynamo's
     recompile limit training silently runs eager."""
     counter = CompileCounter()
-    monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend=counter))
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
     cfg = _rule_cfg(tmp_path, synth_root, -1.0, "train.compile=true", "train.grad_accum=2", "budget.flops=2e9", every=2)
-    trainer = Trainer(cfg)
+    trainer = new_trainer(cfg)
     trainer.fit()
     steps = [json.loads(line) for line in trainer.run.metrics.read_text().splitlines()]
     assert {s["mask_ratio"] for s in steps} == {0.75, 0.0} and sum("until" in s for s in steps) >= 2

@@ -20,9 +20,9 @@ from maskbench.models.build import build_model
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.objective import demote, route_choice, windowed_flow_loss
 from maskbench.runs.launch import train
-from maskbench.train.loop import Trainer
 from maskbench.train.schedule import batch_step_flops, downscaled_count, make_schedule, step_generator
-from tests.conftest import SMALL_EVAL, randomized, tiny_overrides
+from maskbench.train.step import Stepper
+from tests.conftest import SMALL_EVAL, new_trainer, randomized, tiny_overrides
 from tests.test_arms import _inputs, _model, _sample_mse
 
 ROUTES = "train.demote_routes=[{ratio: 0.75, t: [0.0, 0.5], priority: 1}, {ratio: 0.5, t: [0.3, 1.0]}]"
@@ -142,7 +142,7 @@ def test_route_table_arm_trains_to_its_exact_budget(tmp_path, synth_root, monkey
     original = objective.flow_loss
     monkeypatch.setattr(objective, "flow_loss", lambda model, x0, *a, **k: sizes.append(x0.shape[-1]) or
                         original(model, x0, *a, **k))
-    run = Trainer(cfg).fit()
+    run = new_trainer(cfg).fit()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     schedule = make_schedule(cfg, resolve_dataset(cfg.data, cfg.paths.data, create=False), n_streams=1)
     assert steps[-1]["flops"] == schedule.total_flops and 32 in sizes and len(set(sizes) - {32}) >= 2
@@ -160,12 +160,12 @@ def test_a_phase_without_demotion_trains_native_and_is_planned_at_the_native_cos
     full = batch_step_flops(cfg, data, 0.0)
     assert set(native.flops_per_step) == {full} and min(late.flops_per_step) < full
     now, sizes = {}, []
-    stream_loss, flow_loss = Trainer.stream_loss, objective.flow_loss
-    monkeypatch.setattr(Trainer, "stream_loss", lambda self, batch, phase, stream, step:
+    stream_loss, flow_loss = Stepper.stream_loss, objective.flow_loss
+    monkeypatch.setattr(Stepper, "stream_loss", lambda self, batch, phase, stream, step:
                         now.update(step=step) or stream_loss(self, batch, phase, stream, step))
     monkeypatch.setattr(objective, "flow_loss", lambda model, x0, *a, **k: sizes.append((now.get("step"), x0.shape[-1]))
                         or flow_loss(model, x0, *a, **k))
-    run = Trainer(cfg).fit()
+    run = new_trainer(cfg).fit()
     trained = [(step, size) for step, size in sizes if step is not None]
     assert {size for step, size in trained if step < late.start} == {32}
     assert min(size for step, size in trained if step >= late.start) < 32

@@ -14,6 +14,7 @@ import torch
 
 import maskbench.runs.record as record
 import maskbench.train.loop as loop
+import maskbench.train.streams as streams
 from maskbench.config import load_config
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
@@ -40,7 +41,7 @@ def instrumented(tmp_path_factory, synth_root) -> tuple[dict, str]:
     """One compiled two-phase run (mask75_then0) whose loader is slow (on the fake clock), under a stand-in peak of
     1 FLOP/s: its row and its stderr. Each test below reads the part its column or warning is about."""
     tmp_path = tmp_path_factory.mktemp("device_hours")
-    clock, batch, real_decoder = SlowClock(), 8, loop.loader_decoder
+    clock, batch, real_decoder = SlowClock(), 8, streams.loader_decoder
 
     def slow_decoder(data, model_cfg):
         decode = real_decoder(data, model_cfg)
@@ -53,10 +54,10 @@ def instrumented(tmp_path_factory, synth_root) -> tuple[dict, str]:
     err = io.StringIO()
     # fresh_dynamo: a graph an earlier test in this worker compiled would be reused, and nothing would compile here
     with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stderr(err), fresh_dynamo():
-        monkeypatch.setattr(loop, "loader_decoder", slow_decoder)
+        monkeypatch.setattr(streams, "loader_decoder", slow_decoder)
         monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
                                                                 monotonic=clock.monotonic))
-        monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
+        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
         monkeypatch.setattr(record, "device_peak", lambda device, precision: (1.0, "measured:stand-in"))
         train(load_config(tiny_overrides(tmp_path, synth_root, "arm=mask75_then0", "eval.points=[1.0]",
                                          f"train.batch_size={batch}", "data.shuffle_buffer=8", "train.compile=true",

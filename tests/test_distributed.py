@@ -36,9 +36,9 @@ from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
-from maskbench.train.loop import Trainer, make_accelerator
+from maskbench.train.build import make_accelerator
 from maskbench.train.steplog import batch_digest
-from tests.conftest import arm_overrides, distinct_arms, tiny_overrides
+from tests.conftest import arm_overrides, distinct_arms, new_trainer, tiny_overrides
 
 LAUNCH = Path(__file__).with_name("launch_commands.py")
 
@@ -176,7 +176,7 @@ def test_activation_checkpointing_and_math_attention_keep_the_loss_trace(tmp_pat
 
 def test_batch_must_split_evenly_over_streams(tmp_path, synth_root):
     with pytest.raises(ValueError, match="divisible by processes × train.grad_accum = 3"):
-        Trainer(load_config(tiny_overrides(tmp_path, synth_root, "train.grad_accum=3")))
+        new_trainer(load_config(tiny_overrides(tmp_path, synth_root, "train.grad_accum=3")))
 
 
 def test_maskdit_crosses_its_switch_on_two_processes(two_processes):

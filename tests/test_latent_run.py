@@ -176,8 +176,8 @@ def test_latent_demotion_end_to_end_with_a_small_random_vae(tmp_path: Path, opts
     from maskbench.errors import ConfigError
     from maskbench.models import objective
     from maskbench.runs.gradfid import probe_gradfid
-    from maskbench.train.loop import Trainer
     from maskbench.train.schedule import make_schedule
+    from tests.conftest import new_trainer
 
     root = tmp_path / "latent"
     demoting = EncodeOptions(**{**opts.__dict__, "demote": (0.75, 0.5)})
@@ -189,10 +189,10 @@ def test_latent_demotion_end_to_end_with_a_small_random_vae(tmp_path: Path, opts
     original = objective.flow_loss
     monkeypatch.setattr(objective, "flow_loss", lambda model, x0, *a, **k: inputs.append(x0.detach()) or
                         original(model, x0, *a, **k))
-    trainer = Trainer(cfg)
+    trainer = new_trainer(cfg)
     run = trainer.fit()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1]["flops"] == trainer.schedule.total_flops == make_schedule(cfg, trainer.data, 1).total_flops
+    assert steps[-1]["flops"] == trainer.progress.schedule.total_flops == make_schedule(cfg, trainer.data, 1).total_flops
     assert {x.shape[-1] for x in inputs} >= {12, 8}                               # 16 × 0.75 and 16 × 0.5 latents
     encoded = [torch.from_numpy(np.load(io.BytesIO(fields["latent_0.5.npy"])).astype(np.float32))
                for url in shard_urls(root / "train") for _, fields in iter_tar_samples(Path(url))]
@@ -204,4 +204,4 @@ def test_latent_demotion_end_to_end_with_a_small_random_vae(tmp_path: Path, opts
     demoted = rows[3]
     assert demoted["gap"] == pytest.approx((1 - demoted["cosine"]) - (1 - roundtrip["cosine"]), nan_ok=True)
     with pytest.raises(ConfigError, match="--demote 0.875"):
-        Trainer(load_config(run_overrides(tmp_path, root, "arm=mask0", "train.demote_routes=[{ratio: 0.875, t: [0, 1]}]")))
+        new_trainer(load_config(run_overrides(tmp_path, root, "arm=mask0", "train.demote_routes=[{ratio: 0.875, t: [0, 1]}]")))

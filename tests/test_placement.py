@@ -17,13 +17,12 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from maskbench.config import load_config
+from maskbench.config import demote_routes, load_config
 from maskbench.data.demote import ratio_key
 from maskbench.eval.sample import euler_sample
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import make_trainer
-from maskbench.train.loop import Trainer
-from tests.conftest import arm_overrides, distinct_arms, tiny_overrides
+from tests.conftest import arm_overrides, distinct_arms, new_trainer, tiny_overrides
 
 
 class StandInDeviceAccelerator(Accelerator):
@@ -39,16 +38,14 @@ class StandInDeviceAccelerator(Accelerator):
 
 
 def test_ema_and_model_are_on_the_accelerators_device(tmp_path: Path, synth_root: Path) -> None:
-    trainer = Trainer(load_config(tiny_overrides(tmp_path, synth_root)), StandInDeviceAccelerator(cpu=True))
-    trainer.setup()
-    assert {p.device.type for p in trainer.model.parameters()} == {"meta"}
+    trainer = new_trainer(load_config(tiny_overrides(tmp_path, synth_root)), StandInDeviceAccelerator(cpu=True))
+    assert {p.device.type for p in trainer.parts.model.parameters()} == {"meta"}
     assert {t.device.type for t in trainer.ema.model.state_dict().values()} == {"meta"}
-    assert {s.device.type for group in trainer.optimizer.param_groups for s in group["params"]} == {"meta"}
+    assert {s.device.type for group in trainer.parts.optimizer.param_groups for s in group["params"]} == {"meta"}
 
 
 def test_the_sampler_stays_on_the_noises_device(tmp_path: Path, synth_root: Path) -> None:
-    trainer = Trainer(load_config(tiny_overrides(tmp_path, synth_root)), StandInDeviceAccelerator(cpu=True))
-    trainer.setup()
+    trainer = new_trainer(load_config(tiny_overrides(tmp_path, synth_root)), StandInDeviceAccelerator(cpu=True))
     model = trainer.ema.model
     noise = torch.randn(2, 3, 32, 32, device="meta")
     context = torch.zeros(2, model.text_encoder.context_len, dtype=torch.long, device="meta")
@@ -77,15 +74,14 @@ def test_every_arms_step_keeps_its_tensors_on_the_models_device(tmp_path, synth_
     """Each phase's loss and backward with the model on a stand-in device, from a loader batch on the host
     (with the demoted latents latent shards would bring): no operation mixes host and device tensors. Every
     draw is made on the host and copied over (`meta` cannot hold a generator: a draw made on the device fails)."""
-    trainer = Trainer(load_config(arm_overrides(tmp_path, synth_root, arm, "eval.points=[1.0]",
-                                                "budget.flops=1e10", "data.num_workers=0")),
-                      StandInDeviceAccelerator(cpu=True))  # a budget with a step in every arm's every phase
-    trainer.setup()
-    batch = next(iter(trainer.make_loaders()[0]))
-    batch["demoted"] = {ratio_key(r.ratio): F.avg_pool2d(batch["image"], 2) for r in trainer.demote_routes}  # host, as loaded
-    for phase in trainer.schedule.phases:
+    cfg = load_config(arm_overrides(tmp_path, synth_root, arm, "eval.points=[1.0]", "budget.flops=1e10",
+                                    "data.num_workers=0"))  # a budget with a step in every arm's every phase
+    trainer = new_trainer(cfg, StandInDeviceAccelerator(cpu=True))
+    batch = next(iter(trainer.streams.open(0, {})[0]))
+    batch["demoted"] = {ratio_key(r.ratio): F.avg_pool2d(batch["image"], 2) for r in demote_routes(cfg.train)}  # host, as loaded
+    for phase in trainer.progress.schedule.phases:
         with MixedDevices() as record:
-            loss, digest = trainer.stream_loss(batch, phase, stream=0, step=phase.start)
+            loss, digest = trainer.stepper.stream_loss(batch, phase, stream=0, step=phase.start)
             loss.backward()
         assert record.mixed == [] and loss.device.type == digest.device.type == "meta", (phase.mask_ratio, record.mixed)
 

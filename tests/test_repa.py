@@ -30,8 +30,7 @@ from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
 from maskbench.train import repa
 from maskbench.train.flops import repa_step_flops, train_step_flops, vit_forward_flops
-from maskbench.train.loop import Trainer
-from tests.conftest import FAST, randomized, tiny_overrides
+from tests.conftest import FAST, new_trainer, randomized, tiny_overrides
 
 B = 2
 
@@ -111,31 +110,30 @@ def test_repa_off_leaves_the_loss_unchanged_and_on_adds_its_term() -> None:
 
 
 def test_trainer_keeps_the_encoder_frozen_and_out_of_optimizer_ema_and_checkpoint(tmp_path, synth_root) -> None:
-    trainer = Trainer(load_config(["arm=repa", *tiny_overrides(tmp_path, synth_root)]))
-    trainer.setup()
-    encoder, projector = trainer.repa.encoder, trainer.repa.projector
+    parts = new_trainer(load_config(["arm=repa", *tiny_overrides(tmp_path, synth_root)])).parts
+    encoder, projector = parts.repa.encoder, parts.repa.projector
     assert not encoder.training and not any(p.requires_grad for p in encoder.parameters())
-    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    optimized = {id(p) for group in parts.optimizer.param_groups for p in group["params"]}
     assert not optimized & {id(p) for p in encoder.parameters()}
     assert {id(p) for p in projector.parameters()} <= optimized
-    ema = {id(p) for p in trainer.ema.model.parameters()}
+    ema = {id(p) for p in parts.ema.model.parameters()}
     assert not ema & {id(p) for p in [*encoder.parameters(), *projector.parameters()]}
-    assert len(list(trainer.ema.model.parameters())) == len(list(trainer.net.parameters()))
-    assert all(key.startswith("projector.") for key in trainer.repa.state_dict())
+    assert len(list(parts.ema.model.parameters())) == len(list(parts.net.parameters()))
+    assert all(key.startswith("projector.") for key in parts.repa.state_dict())
 
 
 def test_a_repa_step_trains_the_projector(tmp_path, synth_root) -> None:
     cfg = load_config(["arm=repa", *tiny_overrides(tmp_path, synth_root)])
-    trainer = Trainer(cfg)
-    trainer.setup()
-    before = [p.detach().clone() for p in trainer.repa.projector.parameters()]
-    encoder_before = [p.detach().clone() for p in trainer.repa.encoder.parameters()]
-    batch = next(iter(trainer.make_loaders()[0]))
-    loss, _ = trainer.stream_loss(batch, trainer.schedule.phases[0], 0, 0)
+    trainer = new_trainer(cfg)
+    repa = trainer.parts.repa
+    before = [p.detach().clone() for p in repa.projector.parameters()]
+    encoder_before = [p.detach().clone() for p in repa.encoder.parameters()]
+    batch = next(iter(trainer.streams.open(0, {})[0]))
+    loss, _ = trainer.stepper.stream_loss(batch, trainer.progress.schedule.phases[0], 0, 0)
     loss.backward()
-    trainer.optimizer.step()
-    assert all(not torch.equal(a, b) for a, b in zip(before, trainer.repa.projector.parameters()))
-    assert all(torch.equal(a, b) for a, b in zip(encoder_before, trainer.repa.encoder.parameters()))
+    trainer.parts.optimizer.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, repa.projector.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(encoder_before, repa.encoder.parameters()))
 
 
 @pytest.mark.parametrize("mixer_depth, depth, mask_ratio", [(1, 1, 0.0), (1, 2, 0.75), (0, 1, 0.75)])

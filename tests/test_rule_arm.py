@@ -20,10 +20,9 @@ from maskbench.errors import ConfigError
 from maskbench.results.estimators import debiased_cosine
 from maskbench.results.leaderboard import read_rows
 from maskbench.runs.launch import train
-from maskbench.train.loop import Trainer
 from maskbench.train.schedule import batch_step_flops, make_schedule
 from maskbench.train.switch import cosine_from_products, cross_products, crossed
-from tests.conftest import FAST, tiny_overrides
+from tests.conftest import FAST, new_trainer, tiny_overrides
 from tests.paired_runs import leaderboard_of
 
 
@@ -92,16 +91,15 @@ def test_the_plan_charges_one_full_and_one_masked_pass_at_each_check(tmp_path, s
 def test_the_probe_costs_what_the_plan_charges(tmp_path, synth_root):
     """FlopCounterMode around the probe of one step: a full and a masked forward + backward of the batch."""
     cfg = _cfg(tmp_path, synth_root, -1.0)
-    trainer = Trainer(cfg)
-    trainer.setup()
-    batches = [next(iter(loader)) for loader in trainer.make_loaders()]
-    phase = trainer.schedule.phases[0]
+    trainer = new_trainer(cfg)
+    batches = [next(iter(loader)) for loader in trainer.streams.open(0, {})]
+    phase = trainer.progress.schedule.phases[0]
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:  # the fused kernel is not counted
         value = trainer.rules.probe_cosine(batches, phase, 0)
     planned = batch_step_flops(cfg, trainer.data, 0.0) + batch_step_flops(cfg, trainer.data, 0.75)
     assert counter.get_total_flops() == pytest.approx(planned, rel=0.02)
     assert -1.5 < value < 1.5
-    assert all(p.grad is None for p in trainer.net.parameters())  # the probe leaves the step's gradients alone
+    assert all(p.grad is None for p in trainer.parts.net.parameters())  # the probe leaves the step's gradients alone
 
 
 def test_a_cosine_rule_switches_at_its_first_crossing_and_spends_the_budget(tmp_path, synth_root, never):

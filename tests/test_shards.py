@@ -493,7 +493,7 @@ def test_make_loader_rejects_bad_arguments(synth_train, tmp_path):
 
 
 def test_workers_are_sized_from_the_cpus_and_divide_the_streams():
-    from maskbench.train.loop import loader_workers  # the trainer's choice, from what the loader accepts
+    from maskbench.train.streams import loader_workers  # the trainer's choice, from what the loader accepts
     assert [auto_workers(cpus, loaders=1) for cpus in (1, 2, 3, 4, 6, 9, 16, 64)] == [0, 1, 2, 2, 4, 8, 8, 8]
     assert auto_workers(16, loaders=4) == 2  # 15 CPUs for 4 micro-batch loaders: 3 each, 2 divides the streams
     assert loader_workers(4, loaders=1) == 4

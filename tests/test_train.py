@@ -68,15 +68,15 @@ def test_stop_mid_phase_and_resume_is_bit_identical(tmp_path, synth_root, refere
 def test_a_resume_decodes_no_sample_before_its_position(tmp_path, synth_root, monkeypatch):
     """Resuming seeks: the resumed process decodes exactly the samples of the steps it has left, whether it
     resumes early or late (a replay would decode every earlier step's batch again)."""
-    import maskbench.train.loop as loop
+    import maskbench.train.streams as streams
 
-    decoded, real_decoder = [], loop.loader_decoder
+    decoded, real_decoder = [], streams.loader_decoder
 
     def counting_decoder(data, model_cfg):
         decode = real_decoder(data, model_cfg)
         return lambda sample: decoded.append(sample["__key__"]) or decode(sample)
 
-    monkeypatch.setattr(loop, "loader_decoder", counting_decoder)
+    monkeypatch.setattr(streams, "loader_decoder", counting_decoder)
     extra = ("arm=mask0", "eval.points=[1.0]", "budget.flops=2e9", *SMALL_EVAL, "data.num_workers=0")  # decoded here
     _run(tmp_path, synth_root, *extra, "train.stop_at_step=2")
     # one run, resumed early (at step 2, stopped again at 9) and late (at 9, to its end)
@@ -215,9 +215,7 @@ def test_compiled_training_matches_eager(tmp_path, synth_root, monkeypatch, refe
 
     import torch
 
-    from maskbench.train import loop
-
-    monkeypatch.setattr(loop.torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     eager = _losses(reference)
     compiled = _losses(_run(tmp_path / "compiled", synth_root, *REFERENCE, "train.compile=true"))
     assert len(compiled) == len(eager) > 5

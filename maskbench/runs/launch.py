@@ -12,19 +12,20 @@ from maskbench.eval.evaluate import check_eval_inputs
 from maskbench.runs.plan import plan_lines
 from maskbench.runs.record import PointRecorder
 from maskbench.runs.source import load_source
-from maskbench.train.loop import Trainer
+from maskbench.train.loop import Trainer, trainer_for
 
 
 def make_trainer(cfg: RunConfig) -> Trainer:
     """A trainer that evaluates and records its eval points; refuses, before any training, a run whose
     evaluation could not run (missing weights, reference statistics, too few held-out prompts) or whose
     init_from source does not fit."""
-    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)  # once: the trainer generates synth data
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)  # once: `trainer_for` generates synth data
     start = load_source(cfg, data) if cfg.init_from else None
     recorder = PointRecorder()
-    trainer = Trainer(cfg, on_point=recorder, start=start, validation=recorder.validation_loss, data=data)
-    check_eval_inputs(trainer.data, cfg.eval)
-    trainer.accelerator.print("\n".join(plan_lines(cfg, trainer.data, trainer.schedule, exists=True)), flush=True)
+    trainer = trainer_for(cfg, data, on_point=recorder, start=start, validation=recorder.validation_loss)
+    check_eval_inputs(data, cfg.eval)
+    lines = plan_lines(cfg, data, trainer.progress.schedule, trainer.run, exists=True)
+    trainer.accelerator.print("\n".join(lines), flush=True)
     return trainer
 
 

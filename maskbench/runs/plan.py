@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from maskbench.config import DRAW_SCHEME, RunConfig, format_arm, run_id, to_dict
+from maskbench.config import DRAW_SCHEME, RunConfig, format_arm, to_dict
 from maskbench.data.dataset import DatasetInfo, resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.eval.clip import check_clip
@@ -21,8 +21,8 @@ from maskbench.eval.evaluate import check_eval_inputs
 from maskbench.eval.fid import DinoV2Features, InceptionFeatures, MissingWeights
 from maskbench.manifest import read_manifest
 from maskbench.runs.source import load_source
+from maskbench.train.build import new_model, plan_run
 from maskbench.train.checkpoint import RunDir, device_name
-from maskbench.train.loop import plan_run
 from maskbench.train.schedule import Schedule
 from maskbench.weights import ENV, REGISTRY
 
@@ -39,7 +39,9 @@ def dry_run(cfg: RunConfig, n_processes: int = 1) -> list[str]:
     data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
     if cfg.init_from:
         load_source(cfg, data)
-    data, schedule = plan_run(cfg, n_processes, data)
+    schedule = plan_run(cfg, n_processes, data)
+    with torch.device("meta"):  # the model's own check, on shapes alone: a run builds its model before any data
+        new_model(cfg, data)
     exists = (data.val_dir / "manifest.json").is_file()
     if exists:
         for shard_dir in (data.val_dir, *(train for train, _ in data.mix or [(data.train_dir, 1.0)])):
@@ -49,7 +51,7 @@ def dry_run(cfg: RunConfig, n_processes: int = 1) -> list[str]:
         check_eval_inputs(data, cfg.eval)
     elif cfg.eval.clip_model:
         check_clip(cfg.eval.clip_model, cfg.eval.clip_weights)
-    return plan_lines(cfg, data, schedule, exists)
+    return plan_lines(cfg, data, schedule, RunDir.of(cfg), exists)
 
 
 def check_weights(cfg: RunConfig, data: DatasetInfo) -> None:
@@ -97,9 +99,8 @@ def check_shards(shard_dir: Path) -> None:
                               f"`maskbench data verify {shard_dir}`")
 
 
-def plan_lines(cfg: RunConfig, data: DatasetInfo, schedule: Schedule, exists: bool) -> list[str]:
+def plan_lines(cfg: RunConfig, data: DatasetInfo, schedule: Schedule, run: RunDir, exists: bool) -> list[str]:
     """The plan as printed: run, data, phases (steps, FLOPs), eval points (step, branch), total, time."""
-    run = RunDir(Path(cfg.paths.runs) / run_id(cfg))
     state = "finished: not retrained" if run.is_finished() else "exists: resumes" if run.root.exists() else "new"
     where = (f"{data.train_dir.parent}" if exists
              else f"{data.train_dir.parent}: not generated yet, generated on the first run "

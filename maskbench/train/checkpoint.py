@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import maskbench
-from maskbench.config import DRAW_SCHEME
+from maskbench.config import DRAW_SCHEME, RunConfig, run_id
 from maskbench.files import DIGESTS, sha256_file, sha256_json, write_atomic, write_folder_digests
 
 # The files of an accelerate `save_state` folder that maskbench reads back. Custom objects are numbered
@@ -152,6 +152,11 @@ class RunDir:
         self.evals = self.root / "eval.jsonl"
         self.done = self.root / "done.json"
         self.ledger = self.root / "digests.jsonl"
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RunDir:
+        """The directory a config's run trains into: paths.runs/<run id>. The one place that path is made."""
+        return cls(Path(cfg.paths.runs) / run_id(cfg))
 
     def create(self, config: dict, env: dict) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import IO, TYPE_CHECKING
+from pathlib import Path
+from typing import IO
 
 import torch
+from accelerate import Accelerator
 
+from maskbench.config import TrainConfig
 from maskbench.train.guard import guard_name
+from maskbench.train.progress import Progress
 from maskbench.train.schedule import PhasePlan
 from maskbench.train.tracking import log_step
-
-if TYPE_CHECKING:
-    from maskbench.train.loop import Trainer
 
 
 def batch_digest(batch: dict) -> int:
@@ -48,20 +49,37 @@ def draw_digest(*draws: torch.Tensor, device: torch.device) -> torch.Tensor:
     return digest
 
 
-def write_step(trainer: Trainer, phase: PhasePlan, out: dict, extra: dict, log: IO[str]) -> None:
-    """The step just taken as one `metrics.jsonl` line in `log` (rank 0 only), and to a tracker on the trunk.
-    `out`: what `Trainer.train_step` returned; `extra`: the diagnostics and a rule's check."""
-    state, cfg = trainer.state, trainer.cfg
-    if not trainer.accelerator.is_main_process:
-        return
-    record = {
-        "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
-        "lr": trainer.scheduler.get_last_lr()[0], "grad_norm": out["grad_norm"],
-        "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
-        "data_digest": out["data_digest"], "draw_digest": out["draw_digest"],
-        "bad_samples": state.bad_samples, "skipped_nonfinite": state.skipped_nonfinite, **extra}
-    if guard_name(cfg.train) is not None:
-        record["skipped_grad_norm"] = state.skipped_grad_norm
-    log.write(json.dumps(record) + "\n")
-    if cfg.train.log_with != "none" and trainer.branch is None:
-        log_step(trainer.accelerator, record, state.step)
+class StepLog:
+    """A run's step lines: the trunk's in `metrics.jsonl` (appended to on resume), a branch's in its own file. Each
+    line goes to a tracker too, on the trunk. Only the main process writes a line."""
+
+    def __init__(self, path: Path, mode: str, accelerator: Accelerator, train: TrainConfig) -> None:
+        self.accelerator, self.train = accelerator, train
+        self.file: IO[str] = open(path, mode)  # closed by the `with` this log is used in
+
+    def __enter__(self) -> StepLog:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.file.close()
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def write(self, progress: Progress, phase: PhasePlan, out: dict, lr: float, extra: dict) -> None:
+        """The step just taken as one line. `out`: what `step.Stepper` returned; `extra`: the diagnostics and a
+        rule's check."""
+        state = progress.counters
+        if not self.accelerator.is_main_process:
+            return
+        record = {
+            "step": state.step - 1, "mask_ratio": phase.mask_ratio, "loss": out["loss"],
+            "lr": lr, "grad_norm": out["grad_norm"],
+            "flops": state.flops, "seconds": state.train_seconds, "data_wait": out["data_wait"],
+            "data_digest": out["data_digest"], "draw_digest": out["draw_digest"],
+            "bad_samples": state.bad_samples, "skipped_nonfinite": state.skipped_nonfinite, **extra}
+        if guard_name(self.train) is not None:
+            record["skipped_grad_norm"] = state.skipped_grad_norm
+        self.file.write(json.dumps(record) + "\n")
+        if self.train.log_with != "none" and progress.branch is None:
+            log_step(self.accelerator, record, state.step)

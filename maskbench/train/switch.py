@@ -17,19 +17,20 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from accelerate.utils import broadcast_object_list
+from torch import nn
 
-from maskbench.config import Trainable, Until
+from maskbench.config import RunConfig, Trainable, Until
+from maskbench.data.dataset import DatasetInfo
+from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT
 from maskbench.models.objective import flow_loss
 from maskbench.train.ddp import Layout, phase_layout
-from maskbench.train.schedule import PhasePlan, batch_step_flops, make_schedule, rule_checks
-
-if TYPE_CHECKING:
-    from maskbench.train.loop import StepDraws, Trainer
+from maskbench.train.progress import Progress
+from maskbench.train.schedule import PhasePlan, Schedule, batch_step_flops, make_schedule, rule_checks
+from maskbench.train.step import StepDraws, Stepper
 
 
 def skip_weight_norm(model: DiT) -> float:
@@ -109,89 +110,94 @@ def set_trainable(model: DiT, trainable: str, idle: Collection[str] = ()) -> Non
 
 
 class PhaseRules:
-    """A run's phases as the trainer steps through them: what each trains, where the first one ended, and
+    """A run's phases as the loop steps through them: what each trains, where the first one ended, and
     the `until` rules that end a phase early (measured, decided and replanned here, so the loop only asks).
-    Runs on every rank; a decision is rank 0's, broadcast."""
+    Runs on every rank; a decision is rank 0's, broadcast. What changes is in the `Progress` each call reads."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, cfg: RunConfig, data: DatasetInfo, stepper: Stepper,
+                 validation: Callable[[nn.Module], float] | None, reference: float | None) -> None:
+        """validation(model): the fixed-t validation loss a `val_loss_within` rule checks, against `reference`,
+        the init_from source's at its point (evaluation lives above training, so both are handed in)."""
+        if any(p.until and watches_val_loss(p.until) for p in cfg.arm.phases) and (
+                validation is None or reference is None):
+            raise ConfigError("until.val_loss_within needs the source run's validation loss at its point "
+                              "(an init_from source evaluated there)")
+        self.cfg, self.data, self.stepper, self.parts = cfg, data, stepper, stepper.parts
+        self.validation, self.reference = validation, reference
         self.layout: Layout = (Trainable.all, ())  # what the model trains now (`train.ddp`): all, as built
 
-    def enter(self, phase: PhasePlan) -> None:
+    def enter(self, progress: Progress, phase: PhasePlan) -> None:
         """Before a step: train only what the phase's steps give a gradient (and wrap the model for DDP again
         when that changed), note where the first phase ended, and take the baseline of a growth rule at the
         phase's first step."""
-        trainer = self.trainer
-        model, state = trainer.net, trainer.state
-        layout = phase_layout(trainer.cfg, phase.trainable, phase.mask_ratio)
+        model, state = self.parts.net, progress.counters
+        layout = phase_layout(self.cfg, phase.trainable, phase.mask_ratio)
         if layout != self.layout:
             set_trainable(model, *layout)
             self.layout = layout
-            trainer.wrap_again()
+            self.parts.wrap_again()
         if phase.index > 0 and state.switch_step is None:
             state.switch_step = phase.start
-            where = f"horizon {trainer.branch.point:g}'s branch" if trainer.branch is not None else "the trunk"
-            trainer.accelerator.print(f"{where}: phase {phase.index} from step {phase.start}")
+            where = f"horizon {progress.branch.point:g}'s branch" if progress.branch is not None else "the trunk"
+            self.parts.accelerator.print(f"{where}: phase {phase.index} from step {phase.start}")
         if phase.until is not None and phase.until.skip_norm_growth_below is not None and state.step == phase.start:
             state.rule = {"previous": skip_weight_norm(model)}
 
-    def probes_now(self, phase: PhasePlan) -> bool:
+    def probes_now(self, progress: Progress, phase: PhasePlan) -> bool:
         """Whether this step of the phase holds a cosine rule's probe (the plan charged it here)."""
-        return rule_checks(phase.until, self.trainer.state.step - phase.start + 1)
+        return rule_checks(phase.until, progress.counters.step - phase.start + 1)
 
     def masked_share(self, phase: PhasePlan) -> float:
         """A masked step's FLOPs over a full step's, on this run's model and batch (`Until.per_flop`)."""
-        cfg, data = self.trainer.cfg, self.trainer.data
-        return batch_step_flops(cfg, data, phase.mask_ratio) / batch_step_flops(cfg, data, 0.0)
+        return batch_step_flops(self.cfg, self.data, phase.mask_ratio) / batch_step_flops(self.cfg, self.data, 0.0)
 
     def probe_cosine(self, batches: list[dict], phase: PhasePlan, step: int) -> float:
         """The `grad_cosine_below` rule's measurement before the step's update: the debiased cosine between
         the phase's masked gradient and the full-token one, each stream's micro-batch in `probe_splits`
         parts with the step's own t, noise, dropout and mask (the plan charges one full and one masked pass
         of the batch). Pairs are formed within a rank and their sums added over ranks."""
-        trainer = self.trainer
-        acc, net, splits = trainer.accelerator, trainer.net, phase.until.probe_splits
+        acc, net, splits = self.parts.accelerator, self.parts.net, phase.until.probe_splits
         products = torch.zeros(3, dtype=torch.float64, device=acc.device)
-        for stream, batch in zip(trainer.streams, batches):
-            d = trainer.step_draws(batch, phase, stream, step)
+        for stream, batch in zip(self.stepper.streams.ids, batches):
+            d = self.stepper.draws(batch, phase, stream, step)
 
             def part_losses(idx: torch.Tensor, d: StepDraws = d) -> tuple[torch.Tensor, torch.Tensor]:
                 x0, noise, t, context, context_mask, drop = d.loss_args(idx)
                 loss = functools.partial(flow_loss, net, x0, noise, t.to(acc.device), context, context_mask, drop,
-                                         mae_weight=trainer.cfg.train.mae_weight)
+                                         mae_weight=self.cfg.train.mae_weight)
                 masked = d.inputs.rows(idx)
                 with acc.autocast():
                     return loss(inputs=masked.unmasked()), loss(inputs=masked)
 
             parts = torch.arange(d.x0.shape[0], device=acc.device).tensor_split(splits)
-            with trainer.block_norms.paused():  # the probe's forwards are not the step's
+            with self.parts.block_norms.paused():  # the probe's forwards are not the step's
                 products += cross_products([functools.partial(part_losses, idx) for idx in parts], net)
         return cosine_from_products(acc.reduce(products, "sum").cpu())
 
-    def check(self, phase: PhasePlan, probed: float | None) -> dict:
-        """After a step of a rule phase, every `until.every` steps before its cap: measure (`probed`: the cosine
-        rule's measurement, taken during the step), and if the rule fires, end the phase here and replan the
-        rest of the budget. Returns what the step's log records."""
-        trainer = self.trainer
-        until, state = phase.until, trainer.state
+    def check(self, progress: Progress, phase: PhasePlan, probed: float | None) -> tuple[dict, Schedule]:
+        """After a trunk step of a rule phase, every `until.every` steps before its cap: measure (`probed`: the
+        cosine rule's measurement, taken during the step), and if the rule fires, end the phase here and replan
+        the rest of the budget. Returns what the step's log records and the trunk's schedule from now on."""
+        until, state, acc = phase.until, progress.counters, self.parts.accelerator
         done = state.step - phase.start
         if until is None or done % until.every or done >= phase.steps:
-            return {"until": {"phase": phase.index, "value": None, "fired": False, "cosine": probed}} \
-                if probed is not None else {}  # the probe the plan charged at the phase's last step: nothing to decide
+            return ({"until": {"phase": phase.index, "value": None, "fired": False, "cosine": probed}}
+                    if probed is not None else {}), progress.schedule  # the probe the plan charged at the phase's last step
         if watches_val_loss(until):
-            value = trainer.validation(trainer, trainer.ema.model)
+            value = self.validation(self.parts.ema.model)
         elif until.grad_cosine_below is not None:
             value = probed / self.masked_share(phase) if until.per_flop else probed
         else:
-            value = skip_weight_norm(trainer.net)
-        fired = crossed(until, value, state.rule, trainer.start.val_loss if trainer.start else None)
-        if trainer.accelerator.num_processes > 1:  # one decision for every rank
+            value = skip_weight_norm(self.parts.net)
+        fired = crossed(until, value, state.rule, self.reference)
+        if acc.num_processes > 1:  # one decision for every rank
             fired = broadcast_object_list([fired])[0]
         record = {"until": {"phase": phase.index, "value": value, "fired": fired,
                             **({"cosine": probed} if probed is not None else {})}}
-        if fired:
-            state.phase_ends = {**state.phase_ends, phase.index: done}
-            trainer.schedule = make_schedule(trainer.cfg, trainer.data, trainer.n_streams, state.phase_ends)
-            trainer.accelerator.print(f"phase {phase.index}'s rule fired after {done} steps (step {state.step}); "
-                                      f"{trainer.schedule.total_steps - state.step} steps left")
-        return record
+        if not fired:
+            return record, progress.schedule
+        state.phase_ends = {**state.phase_ends, phase.index: done}
+        schedule = make_schedule(self.cfg, self.data, self.stepper.streams.count, state.phase_ends)
+        acc.print(f"phase {phase.index}'s rule fired after {done} steps (step {state.step}); "
+                  f"{schedule.total_steps - state.step} steps left")
+        return record, schedule
