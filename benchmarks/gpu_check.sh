@@ -9,8 +9,9 @@
 # installs the wheels the device lacks and passes --out "$OUT".
 #
 # Steps, each under `timeout -k` with its own limit (the GPU limits add up to 420 s; +3 s each to kill):
-#   env        CUDA usable, the device (name, multiprocessors, memory), every package maskbench imports and its
-#              version, a bf16 matrix product (checked, TFLOP/s) and a 2 GiB copy (GB/s)
+#   env        every module the later steps import, timed, with the version and folder of each package it loaded
+#              (before any CUDA call); CUDA usable, the device (name, multiprocessors, memory), a bf16 matrix
+#              product (checked, TFLOP/s) and a 2 GiB copy (GB/s)
 #   kernels    the Triton gather/scatter against torch, forward and backward, checked then timed: GB/s against
 #              the spec peak and the measured copy (benchmarks/kernels.py --quick)
 #   standins, synth, encode, reference

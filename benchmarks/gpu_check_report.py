@@ -96,21 +96,21 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def read_env(path: Path) -> dict | None:
-    """env_check.py's lines as one record: Python, `packages` (each module's version and `MODULE_from`, its folder),
-    `import_seconds`, `cuda_available`, `gpu` (the device and each GPU measurement) and `problems`."""
+    """env_check.py's lines as one record: Python, `import_seconds` of each module the later steps use, `packages`
+    (each third-party package's version, folder and `via`, the import that loaded it; "not installed" for one an
+    import loads only when present), `cuda_available`, `gpu` (the device and each GPU measurement) and
+    `problems`."""
     lines = read_jsonl(path)
     if not lines:
         return None
-    env: dict = {"packages": {}, "import_seconds": {}, "problems": []}
+    env: dict = {"import_seconds": {}, "packages": {}, "problems": []}
     for line in lines:
         part = line.pop("part")
         if problem := line.pop("problem", None):
             env["problems"].append(problem)
-        if part == "package":
-            module = line["module"]
-            env["packages"][module] = line["version"]
-            if "from" in line:
-                env["packages"][f"{module}_from"], env["import_seconds"][module] = line["from"], line["seconds"]
+        if part == "import":
+            env["import_seconds"][line["module"]] = line["seconds"]
+            env["packages"].update({name: {**found, "via": line["module"]} for name, found in line["packages"].items()})
         elif part in ("python", "cuda"):
             env.update(line)
         else:

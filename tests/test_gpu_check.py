@@ -3,6 +3,8 @@ runs every step at toy size, and without a GPU it says so in one line."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -80,10 +82,15 @@ def test_a_failing_step_is_reported_and_the_others_still_run(tmp_path):
     assert report["steps"][-1]["first_error"] == "RuntimeError: boom in benchmarks/device/arms_check.py"
 
 
-def run_forced(script: str, tmp_path: Path, limit_s: int, steps: str) -> dict:
-    """`bash SCRIPT --cpu` with every step's limit forced to limit_s and only `steps` run: its JSON report."""
-    env = {**os.environ, "GPU_CHECK_DIR": str(tmp_path / "work"), "GPU_CHECK_LIMIT_S": str(limit_s),
-           "GPU_CHECK_STEPS": steps, "PYTHON": sys.executable}
+FORCED_LIMIT_S = 60  # a forced limit no item here comes near: the cut is GPU_CHECK_CUT_AFTER's
+
+
+def run_forced(script: str, tmp_path: Path, cut_after: int, steps: str) -> dict:
+    """`bash SCRIPT --cpu` running only `steps`, each cut by its limit right after its `cut_after`-th item
+    (benchmarks/stream.py's GPU_CHECK_CUT_AFTER): its JSON report. The cut falls at that item however fast the
+    machine makes items, and at once, not after the limit's seconds."""
+    env = {**os.environ, "GPU_CHECK_DIR": str(tmp_path / "work"), "GPU_CHECK_LIMIT_S": str(FORCED_LIMIT_S),
+           "GPU_CHECK_CUT_AFTER": str(cut_after), "GPU_CHECK_STEPS": steps, "PYTHON": sys.executable}
     done = subprocess.run(["bash", script, "--cpu", "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env=env)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
@@ -94,7 +101,8 @@ def run_forced(script: str, tmp_path: Path, limit_s: int, steps: str) -> dict:
 
 def cut_with(step: dict) -> int:
     """The items a step cut by its limit finished, as its report line says them."""
-    assert step["status"] == "timed out", step
+    assert step["status"] == "timed out" and step["rc"] == 124, step
+    assert step["seconds"] < step["limit_s"] == FORCED_LIMIT_S, step  # cut at the item, not by the clock
     done, planned = step["items_done"], step["items_planned"]
     of = f" of {planned}" if planned is not None else ""
     assert step["first_error"].startswith(f"timed out after {done}{of} items in {step['limit_s']}s"), step
@@ -102,27 +110,52 @@ def cut_with(step: dict) -> int:
 
 
 def test_a_step_cut_by_its_limit_keeps_the_items_it_finished(tmp_path):
-    """Every limit forced to 2 s: env is cut after Python's line (before the imports end) and reports what it
-    found; kernels is cut too, with its rows so far (or none, cut while importing torch)."""
-    report = run_forced("benchmarks/gpu_check.sh", tmp_path, 2, "env,kernels")
+    """env and kernels, each cut after its third item: env reports Python's line and the imports of torch and
+    triton (before the rest), kernels its first three rows."""
+    report = run_forced("benchmarks/gpu_check.sh", tmp_path, 3, "env,kernels")
     env, kernels = report["steps"]
     assert [env["name"], kernels["name"]] == ["env", "kernels"] and not report["all_passed"]
-    assert 1 <= cut_with(env) < env["items_planned"]
-    found = report["env"]  # its lines so far: Python's, each package's, CUDA's
-    packages = [module for module in found["packages"] if not module.endswith("_from")]
-    assert found["python"] and cut_with(env) == 1 + len(packages) + ("cuda_available" in found)
-    assert len(report["kernels"]) == cut_with(kernels)
+    assert cut_with(env) == 3 and env["items_planned"] > 3
+    found = report["env"]  # its lines so far: Python's, then each import's
+    assert found["python"] and list(found["import_seconds"]) == ["torch", "triton"] and "cuda_available" not in found
+    assert found["packages"]["torch"]["version"] == importlib.metadata.version("torch")
+    assert cut_with(kernels) == 3 and len(report["kernels"]) == 3
 
 
 def test_the_step_time_step_cut_by_its_limit_keeps_the_models_it_finished(tmp_path):
-    """Command 2's step_time at toy size (tiny, then dit_b2 on one thread, ~45 s here) with its limit forced to
-    15 s: tiny's two rows, with the empty peak memory of a CPU, are in the report, and the step timed out."""
-    report = run_forced("benchmarks/device/gpu_bench.sh", tmp_path, 15, "step_time")
+    """Command 2's step_time at toy size (tiny, then dit_b2) cut after its second row: tiny's two rows, with the
+    empty peak memory of a CPU, are in the report, and the step timed out before dit_b2's."""
+    report = run_forced("benchmarks/device/gpu_bench.sh", tmp_path, 2, "step_time")
     [step] = report["steps"]
     assert cut_with(step) == 2 and step["items_planned"] == 4
     rows = report["tables"]["step_time"]
     assert [(r["model"], r["mask_ratio"], r["peak_memory_gib"]) for r in rows] == [("tiny", "0.0", ""),
                                                                                     ("tiny", "0.75", "")]
+
+
+def test_env_lists_every_import_and_the_packages_it_loaded_before_any_cuda_call(tmp_path):
+    """env_check --cpu: each module the later steps use imported and timed, then CUDA; timm's and transformers'
+    versions and folders (transformers, which open_clip loads when present, "not installed" where it is not)."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "device"))
+    from env_check import IMPORTS, NOT_INSTALLED
+
+    out = tmp_path / "env.jsonl"
+    done = subprocess.run([sys.executable, "benchmarks/device/env_check.py", "--cpu", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    parts = [line["part"] for line in lines]
+    assert parts == ["python", *["import"] * len(IMPORTS), "cuda"]  # every import before the first CUDA call
+    assert [line["module"] for line in lines[1:-1]] == list(IMPORTS) and all(line["seconds"] >= 0 for line in lines[1:-1])
+    env = gpu_check_report.read_env(out)
+    assert not env["problems"]
+    timm = env["packages"]["timm"]
+    assert timm["version"] == importlib.metadata.version("timm") and (Path(timm["from"]) / "layers").is_dir()
+    transformers = env["packages"]["transformers"]
+    if importlib.util.find_spec("transformers") is None:
+        assert transformers == {"version": NOT_INSTALLED, "from": None, "via": "open_clip"}
+    else:
+        assert transformers["version"] == importlib.metadata.version("transformers") and transformers["from"]
 
 
 def test_the_report_names_a_timed_out_step_and_the_steps_not_run(tmp_path):
@@ -187,7 +220,8 @@ def test_an_arm_whose_phase_buys_no_step_gets_a_budget_that_does(tmp_path):
     from arms_check import fitting_budget
 
     from maskbench.config import load_config
-    from maskbench.train.loop import plan_run
+    from maskbench.data.dataset import resolve_dataset
+    from maskbench.train.build import plan_run
 
     toy = ["model=tiny", "model.width=32", "model.depth=3", "model.heads=2", "model.text_width=32",
            "model.text_depth=1", "model.text_len=24", "train.batch_size=8", "eval.points=[1.0]",
@@ -196,7 +230,8 @@ def test_an_arm_whose_phase_buys_no_step_gets_a_budget_that_does(tmp_path):
     for arm in ("maskdit50_authors", "repa_mask75_then0"):
         [budget] = fitting_budget([f"arm={arm}", *toy])
         assert float(budget.partition("=")[2]) > 1e9
-        plan_run(load_config([f"arm={arm}", *toy, budget]), 1)  # every phase a whole step: no ConfigError
+        cfg = load_config([f"arm={arm}", *toy, budget])
+        plan_run(cfg, 1, resolve_dataset(cfg.data, cfg.paths.data, create=False))  # every phase a whole step
 
 
 def test_each_arm_is_written_as_it_ends_and_a_cut_check_reports_those_it_finished(tmp_path, monkeypatch):

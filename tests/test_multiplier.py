@@ -194,3 +194,13 @@ def test_charging_an_arms_auxiliary_flops_lowers_its_multiplier():
     (charged,) = measured_multipliers(rows, metrics=("val_loss",), how=Reading(charged=True))
     assert plain.at_budget.geomean == pytest.approx(1.5, rel=0.02)
     assert charged.at_budget.geomean == pytest.approx(1.0, rel=0.02) and charged.charged
+
+
+def test_a_ladder_run_on_another_process_count_is_not_read():
+    """Seed 2's ladder ran on 2 processes and mask75 on 1: they drew other samples (docs/runs.md), so that seed's
+    M is not read, and the note names the counts (`summary.CONDITIONS` holds n_devices)."""
+    rows = [dict(row, n_devices=2 if row["arm"] == "mask0" and row["seed"] == 2 else 1)
+            for row in study(np.random.default_rng(11), 1.5)]
+    (found,) = measured_multipliers(rows, metrics=("val_loss",))
+    assert found.seeds == (0, 1, 3, 4)
+    assert any("seed(s) 2" in note and "n_devices (1 vs 2)" in note for note in found.notes), found.notes

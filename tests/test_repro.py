@@ -12,11 +12,12 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from maskbench.cli import main
-from maskbench.config import load_config
-from maskbench.files import folder_change, write_folder_digests
+from maskbench.config import load_config, load_run_config
+from maskbench.files import folder_change, sha256_json, write_folder_digests
+from maskbench.results.leaderboard import ADDED_COLUMNS
 from maskbench.runs.launch import train
-from maskbench.runs.repro import repro_main
-from maskbench.train.checkpoint import EMA_FILE, MODEL_FILE
+from maskbench.runs.repro import check_digests, repro_main, run_records
+from maskbench.train.checkpoint import EMA_FILE, MODEL_FILE, RunDir
 from tests.conftest import tiny_overrides
 
 
@@ -119,6 +120,37 @@ def test_an_edited_record_fails_digests(run_dir, tmp_path, capsys):
     assert table(out)["digests"] == ("FAIL  eval.jsonl point 1: record 1 of 1 changed since it was signed; "
                                      "leaderboard point 1: record 1 of 1 changed since it was signed")
     assert out.rstrip().endswith("FAIL: digests")
+
+
+def set_column(run: Path, column: str, cell: str) -> None:
+    """Every cell of one column of the run's copy of the leaderboard CSV set to `cell` ("" for empty)."""
+    board = run.parent / "leaderboard.csv"
+    with open(board, newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(board, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows([{**row, column: cell} for row in rows])
+
+
+def test_a_row_signed_before_a_column_was_added_still_verifies(run_dir, tmp_path):
+    """The regression of skipped_steps: the rows of runs signed before a column was added read back with it, empty,
+    and repro called each "changed since it was signed". Here the run's rows are made rows of before the newest
+    column (its cells empty, as a file's padding leaves them; the ledger's digests taken without it): they pass.
+    Filled, that column's cells fail, since no row written before the column could hold one."""
+    run = copy_run(run_dir, tmp_path)
+    column, cfg = ADDED_COLUMNS[-1], load_run_config(run)
+    set_column(run, column, "")
+    then = {row["point"]: sha256_json({k: v for k, v in row.items() if k != column})
+            for row in run_records(RunDir(run), cfg)["leaderboard"]}
+    ledger = [json.loads(line) for line in (run / "digests.jsonl").read_text().splitlines()]
+    signed = [dict(entry, sha256=then[entry["point"]]) if entry.get("record") == "leaderboard" else entry
+              for entry in ledger]
+    (run / "digests.jsonl").write_text("".join(json.dumps(entry) + "\n" for entry in signed))
+    assert check_digests(RunDir(run), cfg).ok, check_digests(RunDir(run), cfg).detail
+    set_column(run, column, "0")
+    found = check_digests(RunDir(run), cfg)
+    assert not found.ok and "leaderboard point 1: record 1 of 1 changed since it was signed" in found.detail
 
 
 def test_a_run_written_before_signing_is_not_signed_rather_than_failed(run_dir, tmp_path, capsys):

@@ -907,6 +907,21 @@ def test_an_empty_condition_is_unknown_and_pairs_only_with_unknown(conditions_bo
     assert masked.notes[-1] == "mask75: not paired with mask0 on seed(s) 0, 1, 2: precision (fp32 vs unknown) differ"
 
 
+def test_runs_on_other_process_counts_are_not_paired_and_the_note_says_why(conditions_board):
+    """mask0's seed 1 ran on 2 processes, mask75's on 1, at one global batch: each process draws its own share of
+    the samples and noise (docs/runs.md), so the two saw other samples. That seed is set aside, and the note names
+    the counts and the reason; one process count on both sides pairs as before."""
+    rows = [dict(row, n_devices=2 if row["arm"] == "mask0" and row["seed"] == 1 else 1) for row in conditions_board]
+    summary = summarize(rows)
+    masked = next(r for r in summary if r.arm == "mask75" and r.comparisons)
+    assert masked.comparisons["fid"].seeds == (0, 2)
+    assert masked.notes[-1] == ("mask75: not paired with mask0 on seed(s) 1: n_devices (1 vs 2) differ: runs on other "
+                                "process counts draw other samples")
+    everywhere = [dict(row, n_devices=2) for row in conditions_board]
+    assert next(r for r in summarize(everywhere) if r.arm == "mask75" and r.comparisons).comparisons["fid"].seeds == (
+        0, 1, 2)
+
+
 def test_arms_of_different_sizes_are_not_compared_unless_allowed(conditions_board, tmp_path, capsys):
     """mask75 with 46% more parameters than mask0 (SPRINT's old extra blocks): no seed pairs, so no comparison,
     and the note names both counts and the flag; 4% more pairs as one size. --allow-size-mismatch compares

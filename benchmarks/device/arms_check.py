@@ -78,8 +78,9 @@ def fitting_budget(arm_overrides: list[str]) -> list[str]:
     refuses it as too small for one step (a short phase, maskdit50_authors' unmasked 5%, or a costlier step,
     REPA's). Planning only, no data touched; a hand-kept table of arms went stale with every new arm."""
     from maskbench.config import load_config
+    from maskbench.data.dataset import resolve_dataset
     from maskbench.errors import ConfigError
-    from maskbench.train.loop import plan_run
+    from maskbench.train.build import plan_run
 
     budget = next((o for o in reversed(arm_overrides) if o.startswith("budget.flops=")), None)
     if budget is None:
@@ -87,7 +88,8 @@ def fitting_budget(arm_overrides: list[str]) -> list[str]:
     flops = float(budget.partition("=")[2])
     for _ in range(MAX_DOUBLINGS):
         try:
-            plan_run(load_config([*arm_overrides, f"budget.flops={flops:g}"]), 1)
+            cfg = load_config([*arm_overrides, f"budget.flops={flops:g}"])
+            plan_run(cfg, 1, resolve_dataset(cfg.data, cfg.paths.data, create=False))
             break
         except ConfigError as err:
             if "too small for one step" not in str(err):

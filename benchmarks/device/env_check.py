@@ -1,14 +1,16 @@
-"""The device check's first step: what this machine is, and whether everything maskbench imports is there.
+"""The device check's first step: what this machine is, and whether every module the later steps use imports.
 
     python benchmarks/device/env_check.py --out env.jsonl [--cpu]
 
 Writes one JSON line per finding the moment it exists (benchmarks/stream.py), so a step cut by its time limit keeps
-what it found: Python's version, then each package's version, where it was imported from and its import seconds
-(the kit's wheels and the image's own), all before anything touches the GPU; then whether CUDA is usable, and on a
-GPU the device's name, multiprocessors, memory and capability, a bf16 matrix product checked against fp32 and timed
-(TFLOP/s, against the H200's measured ~790), and a device-to-device copy (GB/s, against its measured ~4300).
-benchmarks/gpu_check_report.py assembles the lines into the report's `env`. Exit 1 when a package does not import,
-or (without --cpu) when CUDA is not usable.
+what it found: Python's version; then, before anything touches the GPU, each module the later steps import (`IMPORTS`:
+the models, the train loop, evaluation with its CLIP and Inception stand-ins, data encode, repro) with its import
+seconds and the version and folder of every third-party package that import loaded (open_clip's transformers and
+timm among them; a package an import loads only when it is installed is recorded "not installed" when it is not);
+then whether CUDA is usable, and on a GPU the device's name, multiprocessors, memory and capability, a bf16 matrix
+product checked against fp32 and timed (TFLOP/s, against the H200's measured ~790), and a device-to-device copy
+(GB/s, against its measured ~4300). benchmarks/gpu_check_report.py assembles the lines into the report's `env`.
+Exit 1 when a module does not import, or (without --cpu) when CUDA is not usable.
 """
 
 from __future__ import annotations
@@ -18,44 +20,103 @@ import importlib
 import importlib.metadata
 import json
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for stream
 from stream import announce, append_json_line, fresh  # noqa: E402
 
-# module -> distribution: the kit's (benchmarks/device/kit-requirements.txt), then the image's that maskbench uses
-MODULES = {"diffusers": "diffusers", "webdataset": "webdataset", "cleanfid": "clean-fid", "open_clip": "open_clip_torch",
-           "hydra": "hydra-core", "omegaconf": "omegaconf", "antlr4": "antlr4-python3-runtime", "ftfy": "ftfy",
-           "torch": "torch", "torchvision": "torchvision", "triton": "triton", "accelerate": "accelerate",
-           "timm": "timm", "huggingface_hub": "huggingface_hub", "numpy": "numpy", "scipy": "scipy", "PIL": "pillow",
-           "matplotlib": "matplotlib", "safetensors": "safetensors", "yaml": "pyyaml", "tqdm": "tqdm",
-           "filelock": "filelock", "maskbench.cli": None}
+# What the later steps import, in the order they first need it (an import pays for the modules it loads first, so
+# a package shows under the first import that loaded it): module, or module:name for a lazy attribute (diffusers
+# loads its models on first use), and the steps that use it. maskbench imports diffusers and open_clip lazily,
+# inside the functions that need them: importing maskbench.cli alone would leave them unproven.
+IMPORTS = {
+    "torch": "every step",
+    "triton": "kernels, train (the Triton kernels, Inductor)",
+    "maskbench.cli": "every maskbench command (hydra, omegaconf, clean-fid)",
+    "maskbench.models.kernels": "kernels",
+    "maskbench.eval.standins": "standins",
+    "diffusers:AutoencoderKL": "standins, encode, train's sample decoding (the VAE)",
+    "open_clip": "standins, train's CLIP score (open_clip loads transformers when it is installed)",
+    "maskbench.data.synth": "synth",
+    "maskbench.data.encode": "encode",
+    "maskbench.eval.reference": "reference",
+    "maskbench.models.dit": "train, arms, ddp, step_time (DiT on timm's layers)",
+    "maskbench.train.loop": "train, arms, ddp, arm_step_time",
+    "maskbench.runs.launch": "train, arms, run",
+    "maskbench.eval.evaluate": "train's evaluation (FID, CLIP score, validation loss)",
+    "maskbench.data.loader": "train, arms, loader (webdataset)",
+    "maskbench.runs.repro": "repro",
+}
 OPTIONAL = {"triton"}  # the CPU dry run does without it (the Triton kernels then run as torch ops)
+# Packages an import loads only when they are installed: recorded either way, "not installed" when absent.
+IF_INSTALLED = {"triton": ("triton",), "open_clip": ("transformers",)}
+NOT_INSTALLED = "not installed"
 
 
 def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def package(module: str, dist: str | None) -> dict:
-    """One module imported: its distribution's version, where it came from and the seconds its import took (the
-    first import of a module pays for the modules it imports), or the problem."""
+def canonical(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503): open_clip_torch and open-clip-torch are one."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def folder(module: ModuleType) -> str:
+    """Where a module was imported from: its file's folder, or a namespace package's first folder."""
+    if getattr(module, "__file__", None):
+        return str(Path(module.__file__).parent)
+    return next(iter(getattr(module, "__path__", [])), "")
+
+
+def version_of(dist: str) -> str | None:
+    """The installed version of a distribution, None when this Python finds none."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def loaded_packages(before: set[str], owners: dict[str, list[str]]) -> dict[str, dict]:
+    """Each third-party distribution whose top-level module is in sys.modules now and was not in `before`: its
+    version and folder (maskbench itself, this checkout, is not third-party)."""
+    new = sorted({name for name in sys.modules if "." not in name} - before, key=lambda n: (n.startswith("_"), n))
+    found: dict[str, dict] = {}
+    for name in new:
+        for dist in owners.get(name, []) if name != "maskbench" else []:
+            found.setdefault(canonical(dist), {"version": version_of(dist) or "?", "from": folder(sys.modules[name])})
+    return found
+
+
+def absent(module: str, seen: set[str]) -> dict[str, dict]:
+    """The packages `module` loads only when installed that no import so far has loaded (`seen`): not installed,
+    or installed where this Python looks but not loaded by it."""
+    versions = {dist: version_of(dist) for dist in IF_INSTALLED.get(module, ()) if dist not in seen}
+    return {dist: {"version": version, "from": None, "loaded": False} if version else
+            {"version": NOT_INSTALLED, "from": None} for dist, version in versions.items()}
+
+
+def import_record(spec: str, used_by: str, owners: dict[str, list[str]], seen: set[str]) -> dict:
+    """One import of IMPORTS: its seconds and the packages it loaded, or its problem."""
+    module, _, attribute = spec.partition(":")
+    record = {"part": "import", "module": spec, "for": used_by}
+    before = {name for name in sys.modules if "." not in name}
     tick = time.perf_counter()
     try:
         loaded = importlib.import_module(module)
+        if attribute:
+            getattr(loaded, attribute)
     except Exception as err:  # any import failure is the finding
-        record = {"part": "package", "module": module, "version": None}
-        return record if module in OPTIONAL else {**record, "problem": f"import {module}: {first_line(err)}"}
-    seconds = round(time.perf_counter() - tick, 2)
-    try:
-        version = importlib.metadata.version(dist) if dist else "(this checkout)"
-    except importlib.metadata.PackageNotFoundError:
-        version = getattr(loaded, "__version__", "?")
-    return {"part": "package", "module": module, "version": version, "seconds": seconds,
-            "from": str(Path(getattr(loaded, "__file__", "") or "").parent)}
+        if module not in OPTIONAL:
+            record["problem"] = f"import {spec}: {first_line(err)}"
+    record["seconds"] = round(time.perf_counter() - tick, 2)
+    packages = loaded_packages(before, owners)
+    return {**record, "packages": {**packages, **absent(module, seen | set(packages))}}
 
 
 def device() -> dict:
@@ -139,9 +200,13 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="the CPU dry run: no GPU expected")
     args = parser.parse_args()
     out = fresh(args.out)
-    announce(2 + len(MODULES) + len(GPU_PARTS), "findings: Python, each package, CUDA, each GPU measurement")
+    announce(2 + len(IMPORTS) + len(GPU_PARTS), "findings: Python, each import, CUDA, each GPU measurement")
     problems = [write(out, {"part": "python", "python": platform.python_version(), "executable": sys.executable})]
-    problems += [write(out, package(module, dist)) for module, dist in MODULES.items()]
+    owners, seen = importlib.metadata.packages_distributions(), set()
+    for spec, used_by in IMPORTS.items():
+        record = import_record(spec, used_by, owners, seen)
+        seen |= set(record["packages"])
+        problems.append(write(out, record))
     problems += [write(out, record) for record in gpu_records(args.cpu)]
     problems = [p for p in problems if p]
     for problem in problems:

@@ -4,8 +4,9 @@
 #     bash benchmarks/device/kit.sh            # builds .whl/ (ignored by git), prints its size and the commands
 #     bash benchmarks/device/kit.sh --print    # only prints the commands (.whl/ as it is)
 #
-# The GPU machine (Python 3.12, torch, triton, accelerate, timm and the rest of benchmarks/device/
-# image-requirements.txt preinstalled; no network) lacks what benchmarks/device/kit-requirements.txt lists. This
+# The GPU machine (Python 3.12, torch, triton, accelerate and the rest of benchmarks/device/
+# image-requirements.txt preinstalled; no network) lacks what benchmarks/device/kit-requirements.txt lists (and
+# has a timm of unknown version, which the kit replaces with the one CI tests). This
 # fetches each of those, with --no-deps, as a pure-Python wheel where one exists, else as a CPython 3.12 manylinux
 # x86-64 wheel; a package published only as an sdist (antlr4-python3-runtime 4.9.3, hydra's parser runtime) is
 # built into a wheel here with `pip wheel --no-deps`. One version of each package; at most 40 MiB in all (the

@@ -2,11 +2,13 @@
 # repository root. The command sets NAME (its report's name) and STEPS (its steps, comma-separated), calls
 # parse_args, sets each step's limit L_<STEP> for its mode, calls start, then runs `step NAME COMMAND...` for each.
 #
-# Two settings rehearse what the device may do to a command:
-#   GPU_CHECK_LIMIT_S=N   every step's limit is N seconds (a step cut by its limit keeps the items it wrote:
-#                         tests/test_gpu_check.py forces a few seconds)
+# Three settings rehearse what the device may do to a command:
+#   GPU_CHECK_LIMIT_S=N   every step's limit is N seconds (a step cut by its limit keeps the items it wrote)
 #   GPU_CHECK_STEPS=a,b   only these steps run (a later step may need what an earlier one made); the report plans
 #                         only these
+#   GPU_CHECK_CUT_AFTER=N tests only: a streaming step's limit ends right after its N-th item (benchmarks/stream.py
+#                         signals its `timeout`), so tests/test_gpu_check.py finds a cut at a known item on any
+#                         machine, fast or slow
 KILL_S=3
 PY=${PYTHON:-python3}
 

@@ -4,8 +4,8 @@ Rows are grouped by (dataset, model, batch size, budget, where the runs started)
 point the seeds are pooled (`Summary`), and each arm's final point is compared with the baseline's on
 each compared metric (`Comparison`: paired by seed where the seeds pair, Welch's test otherwise, with
 compute-to-target at each of the baseline's horizons). Runs pair only when they ran under the same
-conditions (`CONDITIONS`: device, precision, draw scheme); a seed whose runs did not is left out of the
-comparison, and the notes say so. Lower is better for FD (and for the oracle
+conditions (`CONDITIONS`: device, precision, draw scheme, number of processes); a seed whose runs did not is
+left out of the comparison, and the notes say so. Lower is better for FD (and for the oracle
 Fréchet distance stored in `fid` on synth, labelled by `fid_features`) and for val_loss; higher is
 better for CLIP score and alignment (`maskbench.metrics`).
 """
@@ -35,9 +35,13 @@ from maskbench.results.leaderboard import Row
 from maskbench.results.targets import COMPUTE, Target, horizon_target, seed_pooled, seed_ratio
 
 # What two runs of one seed must share to pair: the same numerics (device, precision) and the same random draws
-# (draw scheme: common random numbers make the per-seed difference cancel the noise only when both runs draw alike).
-# An empty field (rows written before it existed) is "unknown", and pairs only with unknown.
-CONDITIONS = ("device", "precision", "draw_scheme")
+# (draw scheme: common random numbers make the per-seed difference cancel the noise only when both runs draw alike;
+# n_devices: each process draws its own share of a step's samples and noise, so a run on 2 processes trains on
+# other samples than a run on 1 at the same global batch, docs/runs.md). An empty field (rows written before it
+# existed) is "unknown", and pairs only with unknown.
+CONDITIONS = ("device", "precision", "draw_scheme", "n_devices")
+# Why a condition's difference unpairs two runs, where its name alone does not say it.
+WHY_UNPAIRED = {"n_devices": "runs on other process counts draw other samples"}
 # A gap under this many combined sampling errors (the SE of Δ its rows' own sampling errors imply) is "not
 # detected", whatever the test over seeds says: the evaluation alone could have made it (`detected_difference`).
 DETECTED_SES = 2.0
@@ -70,8 +74,8 @@ def paired_by_condition(arm_rows: Sequence[Row], base_rows: Sequence[Row], basel
     """The arm's and the baseline's rows less the seeds whose runs differ in a condition (`CONDITIONS`) or in
     size (`size_mismatch`), and a one-line warning naming the fields ("" when every seed pairs). A seed is set
     aside on both sides: its difference would mix the arm's effect with the device's, the precision's, the
-    draws' or the extra capacity's. With `size_tolerance` None, sizes that differ still pair, and the warning
-    says so."""
+    draws' (another draw scheme or process count) or the extra capacity's. With `size_tolerance` None, sizes that
+    differ still pair, and the warning says so."""
     base_by_seed = {row["seed"]: row for row in base_rows}
     partners = [(row, base_by_seed[row["seed"]]) for row in arm_rows if row["seed"] in base_by_seed]
     differ = {row["seed"]: condition_mismatch(row, partner, size_tolerance) for row, partner in partners}
@@ -82,7 +86,8 @@ def paired_by_condition(arm_rows: Sequence[Row], base_rows: Sequence[Row], basel
         return list(arm_rows), list(base_rows), allowed if sizes and size_tolerance is None else ""
     fields = ", ".join(dict.fromkeys(field for seed in left_out for field in differ[seed]))
     hint = " (--allow-size-mismatch compares them)" if any("params (" in f for s in left_out for f in differ[s]) else ""
-    warning = f"not paired with {baseline_arm} on seed(s) {_seeds(left_out)}: {fields} differ{hint}"
+    why = "".join(f": {reason}" for name, reason in WHY_UNPAIRED.items() if f"{name} (" in fields)
+    warning = f"not paired with {baseline_arm} on seed(s) {_seeds(left_out)}: {fields} differ{why}{hint}"
     return ([row for row in arm_rows if row["seed"] not in left_out],
             [row for row in base_rows if row["seed"] not in left_out], warning)
 

@@ -14,7 +14,8 @@ Five checks, each compared against something the run itself saved, never against
   digests      every file a result rests on has the bytes it was signed with when it was written: each file
                of each checkpoint and samples folder (against the folder's digests.json), each eval.jsonl
                line and each of the run's leaderboard rows (against the ledger digests.jsonl, which also
-               signs every digests.json). What was written before signing existed is "not signed (older
+               signs every digests.json; a row signed before a column was added to the schema matches
+               without it, `row_digests`). What was written before signing existed is "not signed (older
                run)": listed, neither PASS nor FAIL.
 
 Comparisons are bit-exact on CPU, where training is deterministic; on GPU (bf16, non-deterministic
@@ -55,7 +56,7 @@ from maskbench.eval.evaluate import Evaluator, check_eval_inputs, load_samples
 from maskbench.files import DIGESTS, folder_change, sha256_file, sha256_json
 from maskbench.metrics import METRICS
 from maskbench.models.build import build_model
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.leaderboard import ADDED_COLUMNS, read_rows
 from maskbench.runs.launch import train
 from maskbench.runs.reevaluate import load_point
 from maskbench.train.checkpoint import RunDir, environment
@@ -364,12 +365,33 @@ def folder_state(folder: Path, ledger_sha: str | None) -> str | None:
     return folder_change(folder)
 
 
-def records_state(found: list[str], signed: list[str]) -> str | None:
-    """The same for one point's records in one file: their digests, in file order, against the ledger's."""
+def row_digests(row: dict) -> set[str]:
+    """The digests a leaderboard row may have been signed with: the row as it reads back now, and as it read back
+    before each column added since (an empty cell in it).
+
+    A row is signed as `read_rows` gives it back, with every column of the schema of its day. A column added
+    later (`ADDED_COLUMNS`, in the order added: the schema declares each new one last) reads back empty in a row
+    written before it, one key more than was signed, and every older row would read "changed since it was
+    signed". So the row also matches without the latest-added columns, newest first, while they are empty in
+    it: a row differs from its signature only when a cell it was written with changed. A non-empty cell ends
+    the search, since no row written before that column was added can fill it.
+    """
+    digests, kept = {sha256_json(row)}, dict(row)
+    for column in reversed(ADDED_COLUMNS):
+        if kept.get(column) is not None:
+            break
+        kept.pop(column, None)
+        digests.add(sha256_json(kept))
+    return digests
+
+
+def records_state(found: list[set[str]], signed: list[str]) -> str | None:
+    """The same for one point's records in one file: the digests each may have been signed with (one for an
+    eval.jsonl line, `row_digests` for a leaderboard row), in file order, against the ledger's."""
     if not signed:
         return NOT_SIGNED
     for index, (got, want) in enumerate(zip_longest(found, signed)):
-        if got != want:
+        if got is None or want not in got:
             what = "is missing" if got is None else "is not signed" if want is None else "changed since it was signed"
             return f"record {index + 1} of {max(len(found), len(signed))} {what}"
     return None
@@ -390,7 +412,8 @@ def record_states(run: RunDir, cfg: RunConfig) -> dict[tuple[str, float], str | 
             signed[entry["record"], entry["point"]].append(entry["sha256"])
     for source, records in run_records(run, cfg).items():
         for record in records:
-            found[source, record["point"]].append(sha256_json(record))
+            found[source, record["point"]].append(row_digests(record) if source == "leaderboard"
+                                                  else {sha256_json(record)})
     return {key: records_state(found[key], signed[key]) for key in sorted(found.keys() | signed.keys())}
 
 
