@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from maskbench.config.identity import split_source
-from maskbench.config.presets import LEARNED_SKIP_SCALES, LongSkipKind
+from maskbench.config.presets import LEARNED_SKIP_SCALES, LongSkipKind, check_model
 from maskbench.config.schema import LRSchedule, Phase, RunConfig, Trainable, TrainConfig, demote_routes
 from maskbench.config.techniques import refuse_exclusive, techniques_of
 from maskbench.errors import ConfigError
@@ -51,6 +51,10 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.keep_checkpoints < 1:
         raise ConfigError("train.keep_checkpoints must be at least 1 (the latest checkpoint is what resumes)")
     _validate_ranges(cfg)
+    try:
+        check_model(cfg.model, cfg.data.image_size if cfg.data.path is None and not cfg.data.mix else None)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     _validate_techniques(cfg)
     if cfg.data.path is not None and not Path(cfg.data.path).exists():
         raise ConfigError(f"data.path does not exist: {cfg.data.path}")

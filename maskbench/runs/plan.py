@@ -40,7 +40,7 @@ def dry_run(cfg: RunConfig, n_processes: int = 1) -> list[str]:
     if cfg.init_from:
         load_source(cfg, data)
     schedule = plan_run(cfg, n_processes, data)
-    with torch.device("meta"):  # the model's own check, on shapes alone: a run builds its model before any data
+    with torch.device("meta"):  # the model against the data's size (the DiT's own check), on shapes alone
         new_model(cfg, data)
     exists = (data.val_dir / "manifest.json").is_file()
     if exists:

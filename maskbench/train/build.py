@@ -2,9 +2,10 @@
 the model with its EMA, REPA's parts and the optimizer (`Parts`), and, once the run starts, its directory and
 trackers (`open_run`).
 
-The model is built before any data is generated or anything is written: the DiT's constructor is where a model
-that cannot be built is refused (`config.presets.check_model`, once per run), so a bad `model.*` is one line and
-nothing on disk.
+The model is built before any data is generated or anything is written. The config's validation refused what the
+config alone decides (`config.presets.check_model`); the DiT's constructor checks it again against the data's own
+size, which for latent shards is known only once their manifest is read: a bad `model.*` is one line, nothing on
+disk.
 """
 
 from __future__ import annotations

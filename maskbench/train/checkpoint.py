@@ -25,6 +25,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -37,6 +38,7 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import maskbench
 from maskbench.config import DRAW_SCHEME, RunConfig, run_id
+from maskbench.errors import ConfigError
 from maskbench.files import DIGESTS, sha256_file, sha256_json, write_atomic, write_folder_digests
 
 # The files of an accelerate `save_state` folder that maskbench reads back. Custom objects are numbered
@@ -289,6 +291,20 @@ def _prune_periodic(run: RunDir, keep: int) -> None:
     periodic = [path for _, path in run.list_checkpoints() if path.name.startswith("step-")]
     for path in periodic[: max(len(periodic) - keep, 0)]:
         shutil.rmtree(path)
+
+
+def latest_trunk(run: RunDir, points: Iterable[float], n_processes: int) -> Path | None:
+    """The run's newest checkpoint of the trunk (a cooled horizon's, at `points`, is its branch's end: no place to
+    resume), or None; refused when the run was trained on another number of processes."""
+    branches = {RunDir.point_name(point) for point in points}
+    trunk = [path for _, path in run.list_checkpoints() if path.name not in branches]
+    if not trunk:
+        return None
+    trained_on = json.loads(run.env.read_text())["n_devices"]
+    if trained_on != n_processes:
+        raise ConfigError(f"{run.root.name} was trained on {trained_on} processes; resume it on "
+                          f"{trained_on} (each process replays its own data streams)")
+    return trunk[-1]
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> int:

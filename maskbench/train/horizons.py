@@ -3,9 +3,9 @@
 A run evaluated at several fractions of its budget should show at each what a run trained *to* that budget
 would be, annealed (Hägele et al. 2024), not a snapshot of a longer run at a constant LR. So where a
 horizon's own run would start to differ from the trunk (its LR decay, or a two-phase arm's last phase:
-`schedule.Horizon.fork`), the loop (`loop.Trainer.branch`) copies everything a branch changes (`snapshot`), trains
-the branch to the horizon on loaders of its own, evaluates it, and restores the trunk bit for bit (`restore`). On the CPU a branch is
-bit-identical to the standalone run of its budget (`tests/test_horizons.py`).
+`schedule.Horizon.fork`), the loop (`loop.Trainer.branch`) copies everything a branch changes (`snapshot`),
+trains the branch to the horizon on loaders of its own, evaluates it, and restores the trunk bit for bit
+(`restore`). On the CPU a branch is bit-identical to the standalone run of its budget (`tests/test_horizons.py`).
 """
 
 from __future__ import annotations

@@ -31,10 +31,9 @@ from tqdm import tqdm
 from maskbench.config import RunConfig
 from maskbench.data.dataset import DatasetInfo, generate_synth
 from maskbench.data.loader import ShardLoader
-from maskbench.errors import ConfigError
 from maskbench.files import write_atomic
 from maskbench.train.build import Parts, Start, build_parts, make_accelerator, open_run, plan_run
-from maskbench.train.checkpoint import RunDir, TrainState, load_checkpoint, save_checkpoint
+from maskbench.train.checkpoint import RunDir, TrainState, latest_trunk, load_checkpoint, save_checkpoint
 from maskbench.train.guard import StepGuard
 from maskbench.train.horizons import restore, snapshot
 from maskbench.train.progress import Progress
@@ -95,18 +94,13 @@ class Trainer:
             return self.train(self.open_loaders(self.state.loader_state))
 
     def resume(self) -> None:
-        """Load the trunk's newest checkpoint, if any (a cooled horizon's, its branch's end, is no place to resume)."""
+        """Continue from the trunk's newest checkpoint, if any, on the schedule its fired rules left."""
         acc, run = self.accelerator, self.run
-        branches = {RunDir.point_name(h.point) for h in self.progress.schedule.horizons}
-        trunk = [path for _, path in run.list_checkpoints() if path.name not in branches]
-        if not trunk:
+        latest = latest_trunk(run, [h.point for h in self.progress.schedule.horizons], acc.num_processes)
+        if latest is None:
             return
-        trained_on = json.loads(run.env.read_text())["n_devices"]
-        if trained_on != acc.num_processes:
-            raise ConfigError(f"{run.root.name} was trained on {trained_on} processes; resume it on "
-                              f"{trained_on} (each process replays its own data streams)")
         tick = time.perf_counter()
-        load_checkpoint(acc, trunk[-1])
+        load_checkpoint(acc, latest)
         self.state.resume_seconds += time.perf_counter() - tick
         if self.state.phase_ends:  # rules that fired before the interruption keep their switch
             self.progress.schedule = make_schedule(self.cfg, self.data, self.streams.count, self.state.phase_ends)
