@@ -42,7 +42,7 @@ from maskbench.errors import ConfigError
 from maskbench.files import DIGESTS, sha256_file, sha256_json, write_atomic, write_folder_digests
 
 # The files of an accelerate `save_state` folder that maskbench reads back. Custom objects are numbered
-# in the order the Trainer registers them (`register_for_checkpointing(ema, state)`): the EMA, then the counters.
+# in the order `build.open_run` registers them (`register_for_checkpointing(ema, state)`): the EMA, then the counters.
 MODEL_FILE, EMA_FILE, STATE_FILE = "model.safetensors", "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl"
 
 ENV_PACKAGES = ("torch", "timm", "accelerate", "webdataset", "numpy", "open_clip_torch", "clean-fid",
@@ -189,7 +189,7 @@ class RunDir:
         return self.checkpoints / self.point_name(point)
 
     def branch_metrics(self, point: float) -> Path:
-        """The steps of a cooled horizon's branch (`Trainer._branch`), one line each like metrics.jsonl."""
+        """The steps of a cooled horizon's branch (`loop.Trainer.branch`), one line each like metrics.jsonl."""
         self.branches.mkdir(exist_ok=True)
         return self.branches / f"{self.point_name(point)}.jsonl"
 

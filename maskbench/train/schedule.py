@@ -291,7 +291,7 @@ def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downs
 def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> tuple[int, ...]:
     """How many samples of global step `step` train on each demotion route (`route_choice` of their t).
 
-    Each stream's t comes from its step's "t" generator (as in `Trainer.stream_loss`), and the batch
+    Each stream's t comes from its step's "t" generator (as in `step.Stepper.draws`), and the batch
     gate decides per stream micro-batch as the loss does, so the counts are known before training and
     the FLOPs budget can be planned exactly.
     """
