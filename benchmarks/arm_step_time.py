@@ -25,8 +25,10 @@ import torch
 from results_csv import write_rows  # benchmarks/ is on sys.path when a script runs
 
 from maskbench.config import known_arms, load_config
-from maskbench.train.loop import Trainer
+from maskbench.data.dataset import resolve_dataset
+from maskbench.train.loop import trainer_for
 from maskbench.train.schedule import PhasePlan
+from maskbench.train.steplog import StepLog
 
 SMOKE = ("model.width=32", "model.depth=2", "model.heads=2", "model.text_width=32", "model.text_depth=1",
          "model.text_len=24", "model.mixer_depth=0", "data.n_train=64", "data.n_val=16", "data.shuffle_buffer=16",
@@ -41,10 +43,9 @@ class ArmStep:
                                 "data.n_val=64", "data.shuffle_buffer=64", "train.log_with=none",
                                 f"paths.runs={work / 'runs'}", f"paths.data={work / 'data'}",
                                 f"paths.leaderboard={work / 'leaderboard.csv'}", *extra])
-        self.trainer = Trainer(self.cfg)
-        self.trainer.setup()
-        self.batch_iters = [iter(loader) for loader in self.trainer.make_loaders()]
-        self.log = open(os.devnull, "w")
+        self.trainer = trainer_for(self.cfg, resolve_dataset(self.cfg.data, self.cfg.paths.data, create=False))
+        self.batch_iters = [iter(loader) for loader in self.trainer.open_loaders({})]
+        self.log = StepLog(Path(os.devnull), "w", self.trainer.accelerator, self.cfg.train)
 
     def step(self, phase: PhasePlan, k: int) -> tuple[float, int]:
         """(seconds, analytic FLOPs) of step k of `phase`, as the trainer counts them."""
@@ -60,7 +61,7 @@ def measure(arms: list[str], model: str, batch: int, steps: int, warmup: int, ex
     with tempfile.TemporaryDirectory() as work:
         runners = {arm: ArmStep(arm, model, batch, Path(work), extra) for arm in arms}
         cases = [(arm, phase) for arm in arms
-                 for phase in {p.mask_ratio: p for p in reversed(runners[arm].trainer.schedule.phases)}.values()]
+                 for phase in {p.mask_ratio: p for p in reversed(runners[arm].trainer.progress.schedule.phases)}.values()]
         samples: dict[tuple[str, float], list[tuple[float, int]]] = {(a, p.mask_ratio): [] for a, p in cases}
         for k in range(warmup + steps):
             for arm, phase in cases:

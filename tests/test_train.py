@@ -128,11 +128,12 @@ def test_run_writes_checkpoints_grid_metrics_and_leaderboard_rows(finished):
 
 def test_a_trained_point_fills_every_schema_column_it_knows_and_no_other(finished):
     """The row a run writes (`record.leaderboard_row`, kept as written in eval.jsonl) names each column of the
-    leaderboard schema but `source` (a reference row's only): a column declared and never written fails here (one
-    written and never declared, `append_rows` refuses)."""
+    leaderboard schema, `source` empty (a reference row's only): a column declared and never written is refused
+    by `leaderboard.complete_row` before the row is written (one written and never declared, `append_rows`
+    refuses)."""
     record = json.loads((finished / "eval.jsonl").read_text().splitlines()[-1])
     written = {key for key in record if key in COLUMNS}
-    assert written == set(COLUMNS) - {"source"}
+    assert written == set(COLUMNS) and record["source"] is None
 
 
 def _add_corrupt_samples(src: Path, dst: Path) -> None:
