@@ -77,7 +77,7 @@ def print_plan(cfg) -> int:
     """--dry-run: check what the run needs and print its plan; bad input raises UserError (exit 2)."""
     import os
 
-    from maskbench.runs.plan import dry_run
+    from maskbench.runs.preflight import dry_run
 
     print("\n".join(dry_run(cfg, n_processes=int(os.environ.get("WORLD_SIZE", "1")))))
     return 0
@@ -423,7 +423,7 @@ def add_sample(sample: argparse.ArgumentParser) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from maskbench.runs.sample import sample_run
+    from maskbench.runs.draw_samples import sample_run
 
     path = sample_run(args.run_dir, args.prompt, args.n, args.point, args.out, args.seed, args.steps,
                       args.cfg_scale, args.text_weights)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from maskbench.cli import main
-from maskbench.config import DemoteRoute, load_config, run_id
+from maskbench.config import DemoteWindow, load_config, run_id
 from maskbench.config.identity import HASHED_WHEN_SET
 from maskbench.config.presets import ModelConfig, decoder_width
 from maskbench.data.dataset import resolve_dataset
@@ -197,7 +197,7 @@ def test_windowed_loss_is_the_sample_mean_of_the_downscaled_and_full_parts() -> 
     drop = torch.tensor([False, True, False])
     full = _sample_mse(model, x0, noise, t, ids, mask, drop)                       # B, 16×16 pixels
     low = _sample_mse(model, *downscale(x0, noise, 2), t, ids, mask, drop)         # B, 8×8 pixels
-    route = [DemoteRoute(0.5, [0.6, 1.0])]
+    route = [DemoteWindow(0.5, [0.6, 1.0])]
     routed = StepInputs(demotion=Demotion(route))
     torch.testing.assert_close(windowed_flow_loss(model, x0, noise, t, ids, mask, drop, routed),
                                torch.stack([full[0], low[1], low[2]]).mean())

@@ -16,13 +16,13 @@ from torch._dynamo.testing import CompileCounter
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from maskbench.config import DemoteRoute
+from maskbench.config import DemoteWindow
 from maskbench.config.presets import ModelConfig
 from maskbench.models import kernels
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import Demotion, StepInputs
 from maskbench.models.masking import random_keep_idx
-from maskbench.models.objective import route_choice, windowed_flow_loss
+from maskbench.models.objective import window_choice, windowed_flow_loss
 from maskbench.train.diagnostics import BlockNorms
 from tests.conftest import fresh_dynamo, new_trainer, randomized
 from tests.test_arms import _model
@@ -117,7 +117,7 @@ def test_demotion_compiles_a_bounded_set_of_graphs_however_many_steps() -> None:
     model = _model(depth=1)
     graphs = Graphs()
     forward = torch.compile(model, dynamic=False, backend=graphs.eager)
-    routes = [DemoteRoute(0.5, [0.5, 1.0])]
+    routes = [DemoteWindow(0.5, [0.5, 1.0])]
     ids, mask = model.text_encoder.tokenize(["a red circle"] * B)
     gen = torch.Generator().manual_seed(0)
     parts = set()
@@ -125,7 +125,7 @@ def test_demotion_compiles_a_bounded_set_of_graphs_however_many_steps() -> None:
         for _ in range(steps):
             x0, noise = torch.randn(B, 3, 16, 16, generator=gen), torch.randn(B, 3, 16, 16, generator=gen)
             t = torch.rand(B, generator=gen)
-            choice = route_choice(t, routes, "sample")                                      # B
+            choice = window_choice(t, routes, "sample")                                      # B
             parts |= {(route, int((choice == route).sum())) for route in (-1, 0)} - {(-1, 0), (0, 0)}
             windowed_flow_loss(model, x0, noise, t, ids, mask, torch.zeros(B, dtype=torch.bool),
                                StepInputs(demotion=Demotion(routes, generator=gen)), forward=forward).backward()

@@ -11,14 +11,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from maskbench.cli import main
-from maskbench.config import DemoteRoute, demote_routes, format_arm, load_config
+from maskbench.config import DemoteWindow, demote_routes, format_arm, load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.data.demote import demoted_size
 from maskbench.errors import ConfigError
 from maskbench.models import objective
 from maskbench.models.build import build_model
 from maskbench.models.inputs import Demotion, StepInputs
-from maskbench.models.objective import demote, route_choice, windowed_flow_loss
+from maskbench.models.objective import demote, window_choice, windowed_flow_loss
 from maskbench.runs.launch import train
 from maskbench.train.schedule import batch_step_flops, downscaled_count, make_schedule, step_generator
 from maskbench.train.step import Stepper
@@ -37,10 +37,10 @@ def test_sample_gate_takes_the_first_matching_route_and_batch_gate_needs_every_s
     routes = demote_routes(load_config(["arm=mask0", ROUTES]).train)
     assert [r.ratio for r in routes] == [0.75, 0.5]                           # priority 1 is tried first
     t = torch.tensor([0.1, 0.4, 0.6, 0.95])
-    assert route_choice(t, routes, "sample").tolist() == [0, 0, 1, 1]         # 0.4 is in both: 0.75 wins
-    assert route_choice(t, routes, "batch").tolist() == [-1] * 4             # no one route holds every t
-    assert route_choice(t[1:], routes, "batch").tolist() == [1] * 3          # [0.3, 1] holds 0.4, 0.6, 0.95
-    assert route_choice(t[:2], routes, "batch").tolist() == [0] * 2
+    assert window_choice(t, routes, "sample").tolist() == [0, 0, 1, 1]         # 0.4 is in both: 0.75 wins
+    assert window_choice(t, routes, "batch").tolist() == [-1] * 4             # no one route holds every t
+    assert window_choice(t[1:], routes, "batch").tolist() == [1] * 3          # [0.3, 1] holds 0.4, 0.6, 0.95
+    assert window_choice(t[:2], routes, "batch").tolist() == [0] * 2
 
 
 def test_non_integer_demotion_resizes_with_antialiasing_and_draws_fresh_unit_noise() -> None:
@@ -70,7 +70,7 @@ def test_route_table_loss_is_the_sample_mean_of_every_route_and_the_native_part(
     x0, noise, _, ids, mask = _inputs(model)
     t = torch.tensor([0.2, 0.7, 0.9])
     drop = torch.tensor([False, True, False])
-    routes = [DemoteRoute(0.75, [0.6, 0.8], priority=1), DemoteRoute(0.5, [0.85, 1.0])]
+    routes = [DemoteWindow(0.75, [0.6, 0.8], priority=1), DemoteWindow(0.5, [0.85, 1.0])]
     gen = torch.Generator().manual_seed(3)
     fresh = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(3))   # sample 1's 12×12 noise
     low75 = _sample_mse(model, F.interpolate(x0[1:2], size=(12, 12), mode="bilinear", antialias=True), fresh,
@@ -86,7 +86,7 @@ def test_a_routed_step_reads_the_device_once_for_its_part_sizes(monkeypatch) -> 
     """Three parts (native, 0.75, 0.5): the sizes come to the host in one transfer, the rest stays on the device."""
     model = randomized(_model(depth=1), std=0.1)
     x0, noise, _, ids, mask = _inputs(model)
-    routes = [DemoteRoute(0.75, [0.6, 0.8], priority=1), DemoteRoute(0.5, [0.85, 1.0])]
+    routes = [DemoteWindow(0.75, [0.6, 0.8], priority=1), DemoteWindow(0.5, [0.85, 1.0])]
     reads = []
     for method in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
         original = getattr(torch.Tensor, method)
@@ -107,7 +107,7 @@ def test_route_table_refusals() -> None:
         load_config(["arm=mask0", "train.demote_gate=batch"])
     with pytest.raises(ConfigError, match="token dropping"):
         load_config(["arm=mask75", ROUTES])
-    assert demote_routes(load_config(["arm=downscale_window"]).train) == [DemoteRoute(0.5, [0.0, 0.125])]
+    assert demote_routes(load_config(["arm=downscale_window"]).train) == [DemoteWindow(0.5, [0.0, 0.125])]
     with pytest.raises(ConfigError, match="`demote: false` does nothing without train.demote_routes"):
         load_config(["arm=mask0", "arm.phases=[{mask_ratio: 0.0, fraction: 1.0, demote: false}]"])
 

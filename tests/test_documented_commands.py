@@ -448,7 +448,7 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     """Run one documented command as the module docstring says; its exit code."""
     from maskbench.data import dataset
     from maskbench.eval import reference
-    from maskbench.runs import reevaluate, sample
+    from maskbench.runs import draw_samples, reevaluate
 
     if runs_training(argv):
         return cli.main([*argv, "--dry-run"])
@@ -457,7 +457,7 @@ def run_documented(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
         toy_probe(monkeypatch)
     # up to the work itself: overrides composed and validated against the recorded / packaged config
     monkeypatch.setattr(reevaluate, "evaluate_run", lambda *args, **kwargs: [])
-    monkeypatch.setattr(sample, "sample_run", lambda *args, **kwargs: Path("grid.png"))  # run in tests/test_sample.py
+    monkeypatch.setattr(draw_samples, "sample_run", lambda *args, **kwargs: Path("grid.png"))  # run in tests/test_sample.py
     monkeypatch.setattr(reference, "build_reference", lambda *args, **kwargs: [])
     monkeypatch.setattr(dataset, "resolve_dataset", functools.partial(dataset.resolve_dataset, create=False))
     if tuple(argv[:2]) in UP_TO_THE_WORK:

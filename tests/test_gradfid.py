@@ -89,7 +89,7 @@ def test_certifier_passes_exactly_the_bins_whose_gap_is_surely_below_eps() -> No
     """Bins 0-1 (gaps 0.001, 0.01) are below eps 0.05 by far more than the noise, bins 2-3 (0.1, 0.4) far
     above it: exactly the first two pass, and they form one window. The floor's gap is about 0."""
     rng = np.random.default_rng(0)
-    routes = (gradfid.demote_route(0.75), gradfid.FLOOR)
+    routes = (gradfid.demote_step(0.75), gradfid.FLOOR)
     edges = gradfid.t_bins(len(BIN_COSINES))
     rows = [row for cosine, t_bin in zip(BIN_COSINES, edges)
             for row in gradfid.bin_rows(_bin_sums(cosine, rng), np.zeros(2), routes, t_bin, 12, len(BIN_COSINES))]
@@ -105,7 +105,7 @@ def test_certifier_passes_exactly_the_bins_whose_gap_is_surely_below_eps() -> No
 def test_bonferroni_widens_the_bound_with_the_bins_tested() -> None:
     """The same bin's upper bound is z(1 − 0.05/K)·se above its gap: wider with 8 bins than with 1."""
     stack = _bin_sums(0.9, np.random.default_rng(1))
-    routes = (gradfid.demote_route(0.75), gradfid.FLOOR)
+    routes = (gradfid.demote_step(0.75), gradfid.FLOOR)
     one, eight = (gradfid.bin_rows(stack, np.zeros(2), routes, (0.0, 1.0), 12, k)[0] for k in (1, 8))
     assert one["gap"] == eight["gap"]
     ratio = (eight["gap_hi"] - eight["gap"]) / (one["gap_hi"] - one["gap"])
@@ -120,7 +120,7 @@ def test_roundtrip_gap_is_subtracted_from_demotion_routes_only() -> None:
     off = 0.9 * u + math.sqrt(1 - 0.81) * v
     means = np.stack([u, off, off, off])                                         # full, demote, mask, roundtrip
     stack = torch.from_numpy(means + 0.02 * rng.standard_normal((12, 4, DIM))).float()
-    routes = (gradfid.demote_route(0.75), gradfid.ProbeRoute("mask50", 0.5), gradfid.ROUNDTRIP)
+    routes = (gradfid.demote_step(0.75), gradfid.ProbeStep("mask50", 0.5), gradfid.ROUNDTRIP)
     demoted, masked, _ = gradfid.bin_rows(stack, np.zeros(3), routes, (0.0, 1.0), 12, 1)
     assert abs(demoted["gap"]) < 0.01 and masked["gap"] == pytest.approx(0.1, abs=0.01)
 
@@ -141,14 +141,14 @@ def test_anima_gap_is_the_native_pair_cosine_minus_the_routes_mean_cosine_to_the
     cos(full, route) = 0.6, cos(native2, route) = 0.48, so the gap is 0.8 − (0.6 + 0.48)/2 = 0.26; the
     self-floor has none (it is one of the two native estimates)."""
     stack = torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.0, 0.8], [0.8, 0.6, 0.0]])      # full, route, native2
-    gaps = gradfid.anima_gaps(gradfid.gram(stack), (gradfid.demote_route(0.5), gradfid.FLOOR))
+    gaps = gradfid.anima_gaps(gradfid.gram(stack), (gradfid.demote_step(0.5), gradfid.FLOOR))
     assert gaps[0] == pytest.approx(0.26) and math.isnan(gaps[1])
 
 
 def test_anima_gap_columns_are_the_batch_mean_and_its_bonferroni_bound() -> None:
     stack = _bin_sums(0.9, np.random.default_rng(3))
     per_batch = np.array([[0.1, np.nan], [0.3, np.nan], [0.2, np.nan], [0.4, np.nan]])  # 4 batches × 2 routes
-    routes = (gradfid.demote_route(0.75), gradfid.FLOOR)
+    routes = (gradfid.demote_step(0.75), gradfid.FLOOR)
     row = gradfid.bin_rows(stack, np.zeros(2), routes, (0.0, 1.0), 12, 8, anima=per_batch)[0]
     se = np.std([0.1, 0.3, 0.2, 0.4], ddof=1) / 2
     assert row["anima_gap"] == pytest.approx(0.25)
@@ -208,7 +208,7 @@ def test_probe_writes_map_of_every_route_and_bin(run_dir, capsys):
 
 def test_probe_is_deterministic_and_pairs_routes_with_the_full_gradient(run_dir, monkeypatch):
     """Same seed, same rows; a 'route' that keeps every token sees the same x0/noise/t, so its cosine is 1."""
-    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.ProbeRoute("mask0", 0.0),))
+    monkeypatch.setattr(gradfid, "MASK_STEPS", (gradfid.ProbeStep("mask0", 0.0),))
     rows = probe_gradfid(run_dir, bins=1, batches=3, batch_size=4)
     assert [r["route"] for r in rows] == ["mask0", "down2", "native2"]
     assert rows[0]["cosine"] == pytest.approx(1.0) and rows[0]["naive_cosine"] == pytest.approx(1.0)
@@ -237,7 +237,7 @@ def test_a_learned_gate_run_is_probed_on_its_native_grid_only(tmp_path, synth_ro
 
 def test_a_memory_cap_sums_batches_into_groups(run_dir, monkeypatch):
     """Under a cap that holds 3 gradient stacks, 6 batches go into 3 groups; the per-batch cosine is unchanged."""
-    monkeypatch.setattr(gradfid, "MASK_ROUTES", (gradfid.ProbeRoute("mask0", 0.0), gradfid.ProbeRoute("mask75", 0.75)))
+    monkeypatch.setattr(gradfid, "MASK_STEPS", (gradfid.ProbeStep("mask0", 0.0), gradfid.ProbeStep("mask75", 0.75)))
     free = probe_gradfid(run_dir, bins=1, batches=6, batch_size=4)
     params = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[0])["params"]
     stack_gb = 5 * params * 4 / 1e9                                               # full + 4 routes, fp32

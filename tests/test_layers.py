@@ -183,7 +183,7 @@ def layout_blocks(text: str) -> dict[str, str]:
 def test_the_layout_page_names_every_module() -> None:
     """docs/layout.md is where a newcomer finds a module: every module's file name is in its folder's block (a
     source adapter's by its name, in the `sources/ (...)` list), so a module added without a line there fails here,
-    and so does one named only in another folder's block (`eval/sample.py` is not `runs/sample.py`)."""
+    and so does one named only in another folder's block (one of runs/ named only in eval/'s block)."""
     blocks = layout_blocks((PACKAGE.parent / "docs" / "layout.md").read_text())
     missing = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -9,8 +9,8 @@ from maskbench import cli
 from maskbench.config import load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.eval.evaluate import load_eval_set
+from maskbench.runs.draw_samples import draw
 from maskbench.runs.launch import train
-from maskbench.runs.sample import draw
 from tests.conftest import tiny_overrides
 
 

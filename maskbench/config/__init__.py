@@ -32,7 +32,7 @@ from maskbench.config.schema import (
                                       BudgetConfig,
                                       DataConfig,
                                       DemoteGate,
-                                      DemoteRoute,
+                                      DemoteWindow,
                                       EvalConfig,
                                       InitWeights,
                                       LRSchedule,
@@ -53,6 +53,6 @@ __all__ = [
     "arm_settings", "fill_eval_weights", "known_arms", "load_config", "load_run_config", "shipped_arm",
     "with_eval_overrides", "DRAW_SCHEME", "config_hash", "data_label", "format_arm", "run_id", "source_label", "split_source",
     "to_dict", "CONF_DIR", "CONFIG_GROUPS", "ArmConfig", "AttentionKernel", "BudgetConfig", "DataConfig", "DemoteGate",
-    "DemoteRoute", "EvalConfig", "InitWeights", "LRSchedule", "MixSource", "PathsConfig", "Phase", "Precision",
+    "DemoteWindow", "EvalConfig", "InitWeights", "LRSchedule", "MixSource", "PathsConfig", "Phase", "Precision",
     "RunConfig", "Tracker", "Trainable", "TrainConfig", "Until", "demote_routes", "check_tracker", "validate",
 ]

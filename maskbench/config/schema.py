@@ -124,7 +124,7 @@ class BudgetConfig:
 
 
 @dataclass
-class DemoteRoute:
+class DemoteWindow:
     """One row of the demotion route table: samples whose t lies in `t` train at `ratio` × the native side."""
     ratio: float = 0.5                                           # demoted side / native side, in (0, 1)
     t: list[float] = field(default_factory=lambda: [0.0, 1.0])  # the closed noise window [t_lo, t_hi]
@@ -159,7 +159,7 @@ class TrainConfig:
     mae_weight: float = added(0.0)  # MaskDiT's MAE loss on the dropped patches (needs model.decoder_depth > 0)
     downscale_window: list[float] = added(default_factory=list)  # [t_lo, t_hi]: samples with t inside train at
     downscale_factor: int = added(2)  # 1/factor resolution: the one-route shorthand of demote_routes
-    demote_routes: list[DemoteRoute] = added(default_factory=list)  # the route table (FLOPs counted at each size)
+    demote_routes: list[DemoteWindow] = added(default_factory=list)  # the route table (FLOPs counted at each size)
     demote_gate: DemoteGate = added(DemoteGate.sample)  # sample: each sample by its own t; batch: all of a micro-batch or none
     skip_step_grad_norm: Optional[float] = added(None)  # Skip-DiT's guard as its authors wrote it: no optimizer step
                                                         # when the global grad norm (before clipping) is above this
@@ -199,14 +199,14 @@ class RunConfig:
 
 
 
-def demote_routes(train: TrainConfig) -> list[DemoteRoute]:
+def demote_routes(train: TrainConfig) -> list[DemoteWindow]:
     """The route table in the order routes are tried (highest priority first, ties in list order).
 
     `downscale_window` + `downscale_factor` is the one-route shorthand (ratio 1/factor), kept so that
     the runs trained with it keep their names and results.
     """
     if train.downscale_window:
-        return [DemoteRoute(1 / train.downscale_factor, list(train.downscale_window))]
+        return [DemoteWindow(1 / train.downscale_factor, list(train.downscale_window))]
     return sorted(train.demote_routes, key=lambda route: -route.priority)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from maskbench.config import DemoteRoute, RunConfig, demote_routes
+from maskbench.config import DemoteWindow, RunConfig, demote_routes
 from maskbench.config.techniques import refuse_exclusive
 from maskbench.models.masking import draw_path_drop, random_keep_idx
 from maskbench.models.routing import draw_token_route
@@ -68,8 +68,8 @@ def drawn_by(draw: Draw, purpose: str) -> Any:
 
 @dataclass(frozen=True)
 class Demotion:
-    """Demotion's per-step inputs: the routes some samples train on at a smaller size (`objective.route_choice`)."""
-    routes: Sequence[DemoteRoute]
+    """Demotion's per-step inputs: the routes some samples train on at a smaller size (`objective.window_choice`)."""
+    windows: Sequence[DemoteWindow]
     gate: str = "sample"                                  # "sample": each sample its route; "batch": anima's gate
     generator: torch.Generator | None = None              # fresh noise of a non-integer ratio
     demoted: Mapping[str, torch.Tensor] | None = None     # latent data's demoted x0 per ratio (B×C×s×s), on the device
@@ -116,7 +116,7 @@ class StepInputs:
 
     def __post_init__(self) -> None:
         on = {f.name for f in fields(self) if getattr(self, f.name) is not None}
-        if self.demotion is not None and not self.demotion.routes:
+        if self.demotion is not None and not self.demotion.windows:
             on.discard("demotion")
         if (why := refuse_exclusive(on)) is not None:
             raise ValueError(why)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from maskbench.config import DemoteRoute
+from maskbench.config import DemoteWindow
 from maskbench.data.demote import demoted_size, ratio_key, resize
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import FULL, StepInputs
@@ -76,15 +76,15 @@ def in_window(t: torch.Tensor, window: list[float] | tuple[float, ...]) -> torch
     return (t >= lo) & (t <= hi)                                                      # B
 
 
-def route_choice(t: torch.Tensor, routes: Sequence[DemoteRoute], gate: str) -> torch.Tensor:
-    """B long: the route each sample trains on (an index into `routes`, tried in order), −1 = native.
+def window_choice(t: torch.Tensor, windows: Sequence[DemoteWindow], gate: str) -> torch.Tensor:
+    """B long: the demotion window each sample trains in (an index into `windows`, tried in order), −1 = native.
 
-    gate "sample": each sample takes the first route whose window holds its t. gate "batch" (anima's
-    strict gate): the whole micro-batch takes the first route whose window holds every t, else none.
+    gate "sample": each sample takes the first window that holds its t. gate "batch" (anima's
+    strict gate): the whole micro-batch takes the first window that holds every t, else none.
     """
     choice = torch.full(t.shape, -1, dtype=torch.long, device=t.device)               # B
-    for index, route in reversed(list(enumerate(routes))):                            # the first match wins
-        inside = in_window(t, route.t)                                                # B
+    for index, window in reversed(list(enumerate(windows))):                            # the first match wins
+        inside = in_window(t, window.t)                                                # B
         take = inside.all().expand_as(inside) if gate == "batch" else inside          # B
         choice = torch.where(take, index, choice)  # not choice[take] = index: a boolean index syncs the host
     return choice
@@ -132,7 +132,7 @@ def flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor
 def windowed_flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
                        context_mask: torch.Tensor, drop_context: torch.Tensor, inputs: StepInputs = FULL,
                        mae_weight: float = 0.0, forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """`flow_loss`, except that the samples `route_choice` sends to a demotion route (`inputs.demotion`) train at
+    """`flow_loss`, except that the samples `window_choice` sends to a demotion route (`inputs.demotion`) train at
     its smaller size, and REPA's loss term (`inputs.repa`) is added.
 
     The batch splits by route (every sample keeps its own t, noise and caption dropout) and the loss is
@@ -142,16 +142,16 @@ def windowed_flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: tor
     loss on the tokens its hook took from this forward.
     """
     device, demotion = x0.device, inputs.demotion
-    if demotion is None or not demotion.routes:
+    if demotion is None or not demotion.windows:
         loss = flow_loss(model, x0, noise, t.to(device), context, context_mask, drop_context, inputs, mae_weight,
                          forward)
         return loss if inputs.repa is None else loss + inputs.repa(x0, inputs.keep_idx)
     loss = functools.partial(flow_loss, model, mae_weight=mae_weight,
                              forward=batch_dynamic(model if forward is None else forward))
-    choice = route_choice(t, demotion.routes, demotion.gate)                          # B, where t is
+    choice = window_choice(t, demotion.windows, demotion.gate)                          # B, where t is
     # How many samples each part holds is data (their t), and every shape of the part follows from it: read
     # where t is. The trainer keeps t on the host, so this waits on nothing; t on a device would sync here.
-    native, *counts = torch.bincount(choice + 1, minlength=len(demotion.routes) + 1).tolist()
+    native, *counts = torch.bincount(choice + 1, minlength=len(demotion.windows) + 1).tolist()
     t = t.to(device, non_blocking=True)                                               # B
     if native == len(t):
         return loss(x0, noise, t, context, context_mask, drop_context)
@@ -159,7 +159,7 @@ def windowed_flow_loss(model: DiT, x0: torch.Tensor, noise: torch.Tensor, t: tor
     order = torch.argsort(choice, stable=True).to(device, non_blocking=True)         # B
     native_rows, *route_rows = order.split([native, *counts])                         # n each
     total = 0.0
-    for route, n, rows in [*zip(demotion.routes, counts, route_rows), (None, native, native_rows)]:  # routes, native
+    for route, n, rows in [*zip(demotion.windows, counts, route_rows), (None, native, native_rows)]:  # routes, native
         if not n:
             continue
         x0_part, noise_part = x0[rows], noise[rows]                                   # n×C×H×W each

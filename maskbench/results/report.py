@@ -76,7 +76,7 @@ PAYS_METRICS = "all primary"
 
 
 @dataclass(frozen=True)
-class Plan:
+class StudyPlan:
     """A study's analysis plan, from the front matter of its PLAN.md."""
 
     path: Path
@@ -125,7 +125,7 @@ NO_PLAN = (f"no plan: exploratory (no {PLAN_FILE} beside the CSV and no --plan; 
            "multiple comparisons)")
 
 
-def load_plan(path: str | Path) -> Plan:
+def load_plan(path: str | Path) -> StudyPlan:
     """Parse a PLAN.md's front matter; any problem is a ValueError of one line naming the file."""
     path = Path(path)
     try:
@@ -155,7 +155,7 @@ def _front_matter(text: str) -> dict:
     return front
 
 
-def _plan(path: Path, front: dict) -> Plan:
+def _plan(path: Path, front: dict) -> StudyPlan:
     """Check every key of a front matter against what the report can apply."""
     unknown = sorted(set(front) - set(PLAN_KEYS) - set(PLAN_OPTIONAL))
     missing = [key for key in PLAN_KEYS if key not in front]
@@ -193,7 +193,7 @@ def _plan(path: Path, front: dict) -> Plan:
     ladder = path.parent / str(front["ladder"]) if "ladder" in front else None
     if ladder is not None and not ladder.is_file():
         raise ValueError(f"ladder: no such CSV {ladder}")
-    return Plan(path=path, study=str(front["study"]), written=_timestamp(front["written"]), primary=tuple(primary),
+    return StudyPlan(path=path, study=str(front["study"]), written=_timestamp(front["written"]), primary=tuple(primary),
                 baseline=str(front["baseline"]), alpha=front["alpha"], correction=front["correction"],
                 pays=PAYS_RATIO.get(pays["ratio"], "train_flops"), prediction_fails=rule,
                 crossover_within=float(within), rule=MULTIPLIER if multiplier else RATIO,
@@ -244,13 +244,13 @@ class AppliedPlan(NamedTuple):
     tests are about its own baseline, so against any other arm every reading is exploratory (a study's own
     plan may name such a comparison as exploratory: `--baseline repa_random` in results/literature/PLAN.md)."""
 
-    plan: Plan | None
+    plan: StudyPlan | None
     baseline: str
     family: Family
-    set_aside: Plan | None = None
+    set_aside: StudyPlan | None = None
 
     @property
-    def rules(self) -> Plan | None:
+    def rules(self) -> StudyPlan | None:
         """The plan whose fixed rules (held-out rule, crossover window, ladder) every table uses, set aside or
         not: an exploratory reading is still read by the plan's rules, never by looser defaults."""
         return self.plan or self.set_aside
@@ -283,7 +283,7 @@ def with_ladder(rows: list[Row], applied: AppliedPlan) -> list[Row]:
     return rows + read_rows([ladder], "abort") if ladder else rows
 
 
-def _plan_for(paths: Sequence[str], plan: str | None) -> Plan | None:
+def _plan_for(paths: Sequence[str], plan: str | None) -> StudyPlan | None:
     """The plan to apply: --plan FILE, else the PLAN.md beside the CSVs, else none."""
     path = Path(plan) if plan else find_plan(paths)
     return load_plan(path) if path else None
@@ -302,7 +302,7 @@ class Analysis:
     also: tuple[list[ArmMultiplier], ...] = ()  # M on device-hours, and with auxiliary FLOPs charged (reported)
 
 
-def analyse_rows(rows: Sequence[Row], plan: Plan | None, baseline: str, family: Family,
+def analyse_rows(rows: Sequence[Row], plan: StudyPlan | None, baseline: str, family: Family,
                  fits: bool = True, size_tolerance: float | None = SIZE_TOLERANCE) -> Analysis:
     """Summarise, read the measured compute multipliers off the baseline's ladder (`multiplier`), fit the
     compute curves when `fits` (exploratory: no verdict reads them), correct the family's tests together

@@ -74,7 +74,7 @@ GRAM_CHUNK = 1 << 18  # parameters per fp64 Gram update: bounds the fp64 copy at
 
 
 @dataclass(frozen=True)
-class ProbeRoute:
+class ProbeStep:
     """A cheaper way to compute a training gradient, compared against the full-token one.
 
     `control` marks the two routes that measure the probe rather than a saving: "floor", a second
@@ -89,8 +89,8 @@ class ProbeRoute:
     control: str = ""
 
 
-MASK_ROUTES = (ProbeRoute("mask50", 0.5), ProbeRoute("mask75", 0.75), ProbeRoute("sprint75", 0.75, structured=True))
-FLOOR, ROUNDTRIP = ProbeRoute("native2", control="floor"), ProbeRoute("roundtrip", control="roundtrip")
+MASK_STEPS = (ProbeStep("mask50", 0.5), ProbeStep("mask75", 0.75), ProbeStep("sprint75", 0.75, structured=True))
+FLOOR, ROUNDTRIP = ProbeStep("native2", control="floor"), ProbeStep("roundtrip", control="roundtrip")
 
 
 def probe_generator(seed: int, t_bin: int, batch: int) -> torch.Generator:
@@ -100,13 +100,13 @@ def probe_generator(seed: int, t_bin: int, batch: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + t_bin) * 10_000_019 + batch)
 
 
-def demote_route(ratio: float) -> ProbeRoute:
+def demote_step(ratio: float) -> ProbeStep:
     """`down2` for ×2 (the name earlier probe tables use), `demote0.75` for any other ratio."""
     factor = 1 / ratio
-    return ProbeRoute(f"down{factor:g}" if factor.is_integer() else f"demote{ratio:g}", ratio=ratio)
+    return ProbeStep(f"down{factor:g}" if factor.is_integer() else f"demote{ratio:g}", ratio=ratio)
 
 
-def routes_for(data: DatasetInfo, model: ModelConfig, ratios: tuple[float, ...] | None = None) -> tuple[ProbeRoute, ...]:
+def steps_for(data: DatasetInfo, model: ModelConfig, ratios: tuple[float, ...] | None = None) -> tuple[ProbeStep, ...]:
     """Every mask route, a demotion route per ratio, the self-floor and (latents) the round-trip control.
 
     Default ratios: ×2 on pixels; on latent shards the ratios they were encoded with (`--demote`),
@@ -120,7 +120,7 @@ def routes_for(data: DatasetInfo, model: ModelConfig, ratios: tuple[float, ...] 
                           "this run has no demotion routes to probe (drop --demote)")
     if ratios is None:
         ratios = () if native_only else (tuple(float(key) for key, _ in data.demoted) if data.latent else (0.5,))
-    return (*MASK_ROUTES, *map(demote_route, ratios), FLOOR, *((ROUNDTRIP,) if data.latent else ()))
+    return (*MASK_STEPS, *map(demote_step, ratios), FLOOR, *((ROUNDTRIP,) if data.latent else ()))
 
 
 def latest_checkpoint(run: RunDir) -> Path:
@@ -145,7 +145,7 @@ def probe_batches(cfg: RunConfig, data: DatasetInfo, n: int, batch_size: int, se
     return list(itertools.islice(loader, n))
 
 
-def route_grads(model: DiT, batch: dict, routes: tuple[ProbeRoute, ...], t_bin: tuple[float, float],
+def step_grads(model: DiT, batch: dict, routes: tuple[ProbeStep, ...], t_bin: tuple[float, float],
                 generator: torch.Generator, mae_weight: float, device: torch.device) -> torch.Tensor:
     """(1 + routes)×P gradients on one batch: the full-token one first, then each route's, on the same x0/noise/t.
 
@@ -210,7 +210,7 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
                   ratios: tuple[float, ...] | None = None, vae: str | None = None) -> list[dict]:
     """Write RUN_DIR/probe/gradfid.csv and gradfid.png; return the rows (one per route × t bin).
 
-    `ratios`: the demotion routes (default `routes_for`'s); `vae`: the VAE folder of latent data in
+    `ratios`: the demotion routes (default `steps_for`'s); `vae`: the VAE folder of latent data in
     place of the recorded one (the round-trip control runs it)."""
     if bins < 1 or batches < 3 or batch_size < 1:
         raise ConfigError(f"need bins >= 1, batches >= 3 (the jackknife drops one of >= 3) and batch size >= 1; "
@@ -218,7 +218,7 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
     run = RunDir(Path(run_dir))
     cfg = load_run_config(run.root)
     planned = resolve_dataset(cfg.data, cfg.paths.data, create=False)  # the checks first: nothing generated yet
-    routes = routes_for(planned, cfg.model, ratios)
+    routes = steps_for(planned, cfg.model, ratios)
     for route in routes:
         if route.ratio < 1:
             planned.demoted_size(route.ratio, cfg.model.patch_size)  # refuses a ratio the latents lack
@@ -238,7 +238,7 @@ def probe_gradfid(run_dir: str | Path, bins: int = 8, batches: int = 16, batch_s
             naive, anima = [], []
             for i, batch in enumerate(data_batches):
                 generator = probe_generator(seed, k, i)  # bin k, batch i
-                stack = route_grads(model, batch, routes, t_bin, generator, cfg.train.mae_weight, device)
+                stack = step_grads(model, batch, routes, t_bin, generator, cfg.train.mae_weight, device)
                 g = gram(stack)                                                    # (1+R)×(1+R), once per batch
                 naive.append(cosines_to_full(g))
                 anima.append(anima_gaps(g, routes))
@@ -267,7 +267,7 @@ def cosines_to_full(g: np.ndarray) -> np.ndarray:
     return g[0, 1:] / np.sqrt(g[0, 0] * np.diag(g)[1:])
 
 
-def anima_gaps(g: np.ndarray, routes: tuple[ProbeRoute, ...]) -> np.ndarray:
+def anima_gaps(g: np.ndarray, routes: tuple[ProbeStep, ...]) -> np.ndarray:
     """R per-batch gaps of anima's protocol from the (1+R)×(1+R) Gram matrix of a batch's gradient stack: cos(full, native2) − the mean of the route's
     cosines to the two (NaN for the self-floor itself, which is one of the two).
 
@@ -280,7 +280,7 @@ def anima_gaps(g: np.ndarray, routes: tuple[ProbeRoute, ...]) -> np.ndarray:
     return gaps
 
 
-def bin_rows(sums: torch.Tensor, naive: np.ndarray, routes: tuple[ProbeRoute, ...], t_bin: tuple[float, float],
+def bin_rows(sums: torch.Tensor, naive: np.ndarray, routes: tuple[ProbeStep, ...], t_bin: tuple[float, float],
              n_batches: int, n_bins: int, level: float = 0.95, anima: np.ndarray | None = None) -> list[dict]:
     """One row per route from a bin's m group sums (m×(1+R)×P), via one fp64 Gram matrix of all of them.
 
@@ -370,7 +370,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def plot_heatmap(path: Path, rows: list[dict], title: str) -> None:
-    """ProbeRoute × t bin, colour = debiased cosine, each cell annotated with its value ± half the interval.
+    """ProbeStep × t bin, colour = debiased cosine, each cell annotated with its value ± half the interval.
 
     The colour scale is fixed to [0, 1] so maps of different runs compare at a glance, with its
     contrast where fidelity is decided (near 1); a negative cosine gets the lowest colour, its cell says it.

@@ -1,5 +1,5 @@
 """One run end to end: a trainer whose eval points are evaluated and recorded (`runs.record`), started from
-another run's weights where `init_from` says so (`runs.source`), after the plan it prints (`runs.plan`).
+another run's weights where `init_from` says so (`runs.source`), after the plan it prints (`runs.preflight`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from maskbench.config import RunConfig
 from maskbench.data.dataset import resolve_dataset
 from maskbench.eval.evaluate import check_eval_inputs
-from maskbench.runs.plan import plan_lines
+from maskbench.runs.preflight import plan_lines
 from maskbench.runs.record import PointRecorder
 from maskbench.runs.source import load_source
 from maskbench.train.loop import Trainer, trainer_for

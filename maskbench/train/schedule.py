@@ -24,7 +24,7 @@ from maskbench.config import LRSchedule, Phase, RunConfig, Trainable, Until, dem
 from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
 from maskbench.models.inputs import StepInputs
-from maskbench.models.objective import route_choice, sample_t
+from maskbench.models.objective import sample_t, window_choice
 from maskbench.train.flops import skips_only_step_flops, train_step_flops
 from maskbench.train.repa import repa_sample_flops
 
@@ -289,7 +289,7 @@ def batch_step_flops(cfg: RunConfig, data: DatasetInfo, mask_ratio: float, downs
 
 
 def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> tuple[int, ...]:
-    """How many samples of global step `step` train on each demotion route (`route_choice` of their t).
+    """How many samples of global step `step` train on each demotion route (`window_choice` of their t).
 
     Each stream's t comes from its step's "t" generator (as in `step.Stepper.draws`), and the batch
     gate decides per stream micro-batch as the loss does, so the counts are known before training and
@@ -299,6 +299,6 @@ def downscaled_count(cfg: RunConfig, n_streams: int, step: int) -> tuple[int, ..
     if not routes:
         return ()
     cpu, b = torch.device("cpu"), cfg.train.batch_size // n_streams
-    choices = torch.cat([route_choice(sample_t(b, step_generator(cfg.seed, s, step, "t"), cpu), routes,
+    choices = torch.cat([window_choice(sample_t(b, step_generator(cfg.seed, s, step, "t"), cpu), routes,
                                       cfg.train.demote_gate) for s in range(n_streams)])  # B, −1 = native
     return tuple(int((choices == index).sum()) for index in range(len(routes)))
