@@ -27,7 +27,7 @@ from results_csv import write_rows  # benchmarks/ is on sys.path when a script r
 from maskbench.config import known_arms, load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.train.loop import trainer_for
-from maskbench.train.schedule import PhasePlan
+from maskbench.train.schedule import ScheduledPhase
 from maskbench.train.steplog import StepLog
 
 SMOKE = ("model.width=32", "model.depth=2", "model.heads=2", "model.text_width=32", "model.text_depth=1",
@@ -47,7 +47,7 @@ class ArmStep:
         self.batch_iters = [iter(loader) for loader in self.trainer.open_loaders({})]
         self.log = StepLog(Path(os.devnull), "w", self.trainer.accelerator, self.cfg.train)
 
-    def step(self, phase: PhasePlan, k: int) -> tuple[float, int]:
+    def step(self, phase: ScheduledPhase, k: int) -> tuple[float, int]:
         """(seconds, analytic FLOPs) of step k of `phase`, as the trainer counts them."""
         trainer, state = self.trainer, self.trainer.state
         state.step = phase.start + k % phase.steps  # the phase's own draws (a demotion step's FLOPs follow its t)

@@ -85,7 +85,7 @@ def print_plan(cfg) -> int:
 
 def sweep_cells(runs, extra_csvs: list[str]):
     """The sweep's cells with their status, from the leaderboard CSVs that exist (and extra_csvs)."""
-    from maskbench.results.leaderboard import read_rows
+    from maskbench.results.rows import read_rows
     from maskbench.runs.sweep import cell_states, csv_paths
 
     paths = csv_paths(runs, extra_csvs)
@@ -258,7 +258,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from maskbench.results.report import leaderboard_main
+    from maskbench.results.leaderboard import leaderboard_main
 
     paths = args.csvs or [p for p in ("results/leaderboard.csv", "results/reference.csv") if Path(p).is_file()]
     if not paths:

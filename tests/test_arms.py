@@ -311,6 +311,7 @@ _SET_TO = {
     "train.skip_step_grad_norm": ("0.02", []),
     "train.skip_step_grad_ratio": ("4", []),
     "train.skip_step_window": ("10", ["train.skip_step_grad_ratio=4"]),
+    "train.data_streams": ("2", []),
     "model.route_ratio": ("0.5", []),
     "model.route_start": ("0", ["model.route_ratio=0.5"]),
     "model.route_end": ("1", ["model.route_ratio=0.5"]),

@@ -11,6 +11,8 @@ import yaml
 from maskbench.cli import main
 from maskbench.config import load_config, to_dict
 from maskbench.data.sources import sa1b
+from maskbench.errors import ConfigError
+from maskbench.train.streams import stream_layout
 from tests.fixtures_real import make_brushdata, make_sa1b
 
 BAD_OVERRIDES = {
@@ -27,6 +29,7 @@ BAD_OVERRIDES = {
     "model.heads=5": "model.width=128 is not divisible by model.heads=5",
     "eval.val_t=[0.5,1.0]": "eval.val_t must be times in (0, 1)",
     "train.lr=0": "train.lr and train.grad_clip must be positive",
+    "train.data_streams=3": "train.data_streams must be at least 1 and divide train.batch_size 64, got 3",
 }
 BAD_ARM_FILES = {
     "name: only_a_name\n": "has no `phases` list",
@@ -63,6 +66,22 @@ def test_a_bad_arm_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Ca
     arm = tmp_path / "my_arm.yaml"
     arm.write_text(text)
     assert BAD_ARM_FILES[text] in refused(tmp_path, capsys, ["run", f"arm={arm}", *paths(tmp_path)])
+
+
+def test_data_streams_and_grad_accum_together_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """train.data_streams derives the micro-batches from the process count: a grad_accum beside it would say
+    two things about one number."""
+    err = refused(tmp_path, capsys, ["run", "train.data_streams=2", "train.grad_accum=2", *paths(tmp_path)])
+    assert "train.data_streams=2 sets the micro-batches (data_streams / processes): leave train.grad_accum at 1" in err
+
+
+def test_a_process_count_that_does_not_divide_the_streams_is_refused() -> None:
+    """Each process runs an equal share of the streams; without data_streams the streams follow the processes."""
+    streams = load_config(["train.data_streams=4"]).train
+    assert [stream_layout(streams, n) for n in (1, 2, 4)] == [(4, 4), (4, 2), (4, 1)]
+    with pytest.raises(ConfigError, match="train.data_streams=4 must be divisible by the 3 processes"):
+        stream_layout(streams, 3)
+    assert stream_layout(load_config(["train.grad_accum=2"]).train, 3) == (6, 2)
 
 
 def test_a_bad_patch_size_on_latent_data_is_refused_once_its_size_is_known(
@@ -123,7 +142,7 @@ def run_dir_case(command: list[str], incomplete: str):
 
 
 def leaderboard_case(tmp_path: Path, kind: str) -> tuple[list[str], str]:
-    from maskbench.results.leaderboard import COLUMNS
+    from maskbench.results.rows import COLUMNS
     content = {"incomplete": ",".join(COLUMNS).encode() + b"\n", "not_its_input": b"arm: mask0\nseed: 0\n"}
     board = write(tmp_path / "board.csv", content.get(kind, KINDS.get(kind)))
     return ["leaderboard", str(board)], {"incomplete": "no leaderboard rows", "not_its_input": "not a leaderboard CSV",

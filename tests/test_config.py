@@ -127,8 +127,8 @@ def test_a_phase_of_equal_steps_is_planned_as_the_step_by_step_count_plans_it(ar
     import maskbench.train.schedule as schedule
 
     cfg, data, at_once = shipped_schedule(arm)
-    plan_phases = schedule.plan_phases
-    monkeypatch.setattr(schedule, "plan_phases", lambda *args: plan_phases(*args[:4]))  # no constant_cost
+    schedule_phases = schedule.schedule_phases
+    monkeypatch.setattr(schedule, "schedule_phases", lambda *args: schedule_phases(*args[:4]))  # no constant_cost
     assert at_once == schedule.make_schedule(cfg, data, n_streams=1)
 
 

@@ -9,8 +9,8 @@ from PIL import Image
 
 from maskbench.results.crossover import correct_cells, crossover_cells, crossover_figure, plot_crossover, render_cells
 from maskbench.results.estimators import ZERO_SPREAD, ratio_verdict
-from maskbench.results.leaderboard import COLUMNS
 from maskbench.results.multiplicity import Family
+from maskbench.results.rows import COLUMNS
 from maskbench.results.tables import DETAILS_HINT, WIDTH
 
 BUDGET = 1e12
@@ -118,8 +118,8 @@ def test_plot_refuses_an_empty_map(tmp_path) -> None:
 
 
 def test_leaderboard_crossover_prints_and_draws_the_map(tmp_path, capsys) -> None:
-    from maskbench.results.leaderboard import append_rows
-    from maskbench.results.report import leaderboard_main
+    from maskbench.results.leaderboard import leaderboard_main
+    from maskbench.results.rows import append_rows
 
     csv_path = tmp_path / "crossover.csv"
     append_rows(csv_path, [row(arm, seed, p, 100.0 - 30 * p * (1 + (arm == "mask75")) - seed)

@@ -16,7 +16,7 @@ import maskbench.runs.record as record
 import maskbench.train.loop as loop
 import maskbench.train.streams as streams
 from maskbench.config import load_config
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.rows import read_rows
 from maskbench.runs.launch import train
 from tests.conftest import SMALL_EVAL, fresh_dynamo, tiny_overrides
 

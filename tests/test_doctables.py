@@ -79,7 +79,7 @@ def fair_root(tmp_path: Path, rows: list[dict], ladder: list[dict] | None = None
     """A repository root holding a fair study of 2 arms x 3 seeds at 1/32 ... 1 of B: its grid, the committed
     fair plan and `rows` as its CSV; and its ladder's grid (mask0 x 3 seeds to 4 B) with `ladder` as its CSV
     (`tests.test_scaling.ladder_rows`)."""
-    from maskbench.results.leaderboard import append_rows
+    from maskbench.results.rows import append_rows
 
     (tmp_path / "maskbench" / "conf" / "study").mkdir(parents=True)
     (tmp_path / "maskbench" / "conf" / "study" / "fair.yaml").write_text(
@@ -180,7 +180,7 @@ def test_the_literature_mask0_is_set_against_the_fair_studys_in_combined_samplin
     """The plan's reproducibility check: each of the literature study's `mask0` rows beside the fair study's of
     the same seed and horizon, the difference over the two rows' errors in quadrature; rows without a partner
     (another seed, another arm) are not shown."""
-    from maskbench.results.leaderboard import append_rows
+    from maskbench.results.rows import append_rows
     from tests.test_scaling import curve_rows
 
     fair = curve_rows("mask0", 0, 0.30, 0.60)

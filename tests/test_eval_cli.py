@@ -11,7 +11,7 @@ import pytest
 from maskbench.cli import main
 from maskbench.config import load_config
 from maskbench.eval import standins
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.rows import read_rows
 from maskbench.runs.launch import train
 from maskbench.weights import ENV
 from tests.conftest import tiny_overrides

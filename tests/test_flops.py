@@ -16,7 +16,7 @@ from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.text import VOCAB_SIZE, SynthTextEncoder
 from maskbench.train.flops import decoder_step_flops, train_step_flops
-from maskbench.train.schedule import plan_phases
+from maskbench.train.schedule import schedule_phases
 
 BATCH = 2
 CLIP_H_WIDTH, CLIP_LEN = 1024, 77  # precomputed open_clip ViT-H-14 text tokens on real data
@@ -139,8 +139,8 @@ def _tiny_step_flops(mask_ratio: float) -> int:
 
 
 def _plan(pairs: list[tuple[float, float]], budget: float) -> list:
-    """plan_phases for (mask ratio, fraction) phases at the tiny default's step cost."""
-    return plan_phases([Phase(ratio, fraction) for ratio, fraction in pairs], budget,
+    """schedule_phases for (mask ratio, fraction) phases at the tiny default's step cost."""
+    return schedule_phases([Phase(ratio, fraction) for ratio, fraction in pairs], budget,
                        lambda phase, step, done: _tiny_step_flops(phase.mask_ratio))
 
 

@@ -221,7 +221,7 @@ def test_an_arm_whose_phase_buys_no_step_gets_a_budget_that_does(tmp_path):
 
     from maskbench.config import load_config
     from maskbench.data.dataset import resolve_dataset
-    from maskbench.train.build import plan_run
+    from maskbench.train.build import run_schedule
 
     toy = ["model=tiny", "model.width=32", "model.depth=3", "model.heads=2", "model.text_width=32",
            "model.text_depth=1", "model.text_len=24", "train.batch_size=8", "eval.points=[1.0]",
@@ -231,7 +231,7 @@ def test_an_arm_whose_phase_buys_no_step_gets_a_budget_that_does(tmp_path):
         [budget] = fitting_budget([f"arm={arm}", *toy])
         assert float(budget.partition("=")[2]) > 1e9
         cfg = load_config([f"arm={arm}", *toy, budget])
-        plan_run(cfg, 1, resolve_dataset(cfg.data, cfg.paths.data, create=False))  # every phase a whole step
+        run_schedule(cfg, 1, resolve_dataset(cfg.data, cfg.paths.data, create=False))  # every phase a whole step
 
 
 def test_each_arm_is_written_as_it_ends_and_a_cut_check_reports_those_it_finished(tmp_path, monkeypatch):

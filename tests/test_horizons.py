@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from maskbench.config import load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.rows import read_rows
 from maskbench.runs.launch import train
 from maskbench.train.schedule import make_schedule
 from tests.conftest import tiny_overrides

@@ -15,7 +15,7 @@ from PIL import Image
 from maskbench.cli import main
 from maskbench.eval.evaluate import save_samples
 from maskbench.eval.grid import GRID_FILE, INK, PAD, prompt_grid, upscale_factor
-from maskbench.results.leaderboard import append_rows
+from maskbench.results.rows import append_rows
 from maskbench.train.checkpoint import RunDir
 
 CAPTIONS = ["a large red circle at the top left and a small blue square at the bottom right",

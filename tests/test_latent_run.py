@@ -30,7 +30,7 @@ from maskbench.eval.fid import STANDIN_FEATURES_NAME, FeatureStats, InceptionFea
 from maskbench.eval.grid import upscale_factor
 from maskbench.eval.oracle import load_oracle
 from maskbench.eval.sample import fixed_noise, to_uint8
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.rows import read_rows
 from maskbench.runs.launch import train
 
 

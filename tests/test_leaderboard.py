@@ -10,9 +10,10 @@ import pytest
 from filelock import FileLock
 
 from maskbench.cli import main as cli_main
-from maskbench.results import leaderboard
-from maskbench.results.leaderboard import COLUMNS, append_rows, read_rows
-from maskbench.results.report import leaderboard_main, load_plan
+from maskbench.results import rows as leaderboard_rows
+from maskbench.results.leaderboard import leaderboard_main
+from maskbench.results.rows import COLUMNS, append_rows, read_rows
+from maskbench.results.study_plan import load_plan
 
 REPO = Path(__file__).resolve().parents[1]
 N_PROCESSES, ROWS_EACH, BATCH = 8, 50, 10
@@ -72,7 +73,7 @@ def test_rows_are_written_while_the_lock_beside_the_csv_is_held(tmp_path, monkey
             seen.append(("releasing", self.is_locked, path.read_text().count("r0,")))
             return super().__exit__(*exc)
 
-    monkeypatch.setattr(leaderboard, "FileLock", RecordingLock)
+    monkeypatch.setattr(leaderboard_rows, "FileLock", RecordingLock)
     append_rows(path, [measured()])
     assert seen == [("locked", f"{path}.lock", True, False), ("releasing", True, 1)]
     assert [row["run_id"] for row in read_rows([path])] == ["r0"]
@@ -184,7 +185,7 @@ def test_leaderboard_main_prints_plots_and_reports_bad_input(tmp_path, capsys):
 
 
 def test_a_csv_written_before_the_added_columns_reads_and_takes_new_rows(tmp_path):
-    old_columns = [c for c in COLUMNS if c not in leaderboard.ADDED_COLUMNS]
+    old_columns = [c for c in COLUMNS if c not in leaderboard_rows.ADDED_COLUMNS]
     path = tmp_path / "old.csv"
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, old_columns)
@@ -516,7 +517,7 @@ def test_a_row_missing_a_declared_column_is_refused_naming_it_and_metric_columns
     """A run's row must name every column of the schema (None where it has nothing): one the builder forgot is
     refused by name, not written empty. The metric columns are the registry's, each once, typed float."""
     from maskbench.metrics import METRICS
-    from maskbench.results.leaderboard import COLUMNS, FLOAT_COLUMNS, _metric, complete_row
+    from maskbench.results.rows import COLUMNS, FLOAT_COLUMNS, _metric, complete_row
 
     full = {column: None for column in COLUMNS}
     assert complete_row(full) is full

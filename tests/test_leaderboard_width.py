@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from maskbench.cli import main as cli_main
-from maskbench.results.leaderboard import read_rows
-from maskbench.results.report import applied_plan, leaderboard_main
+from maskbench.results.leaderboard import leaderboard_main
+from maskbench.results.rows import read_rows
+from maskbench.results.study_plan import applied_plan
 from maskbench.results.summary import summarize
 from maskbench.results.tables import DETAILS_HINT, WIDTH, short_verdict
 

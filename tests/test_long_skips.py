@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from maskbench.config import load_config
-from maskbench.config.presets import PRESETS, ModelConfig
+from maskbench.config.presets import PRESETS, ModelConfig, check_model
 from maskbench.errors import ConfigError
 from maskbench.models.dit import DiT, LongSkipFusion, SkipGate, long_skip_pairs, skip_scales
 from maskbench.models.inputs import StepInputs
@@ -177,13 +177,17 @@ def test_skip_init_uvit_is_trunc_normal_and_an_unknown_one_is_refused() -> None:
     others = [name for name, _ in dit.named_parameters() if not name.startswith("long_skips")]
     assert all(torch.equal(dit.get_parameter(n), uvit.get_parameter(n)) for n in others)
     with pytest.raises(ValueError, match=re.escape("model.skip_init must be dit|skipdit|uvit|identity; got 'xavier'")):
-        _model(depth=5, long_skip="concat", skip_init="xavier")
+        check_model(ModelConfig(depth=5, long_skip="concat", skip_init="xavier"))  # the config's one line
+    with pytest.raises(ValueError, match="'xavier' is not a valid SkipInit"):
+        _model(depth=5, long_skip="concat", skip_init="xavier")  # a config built by hand: the build stops too
     with pytest.raises(ValueError, match="'xavier' is not a valid SkipInit"):
         dit.init_skips("xavier")
 
 
 def test_an_unknown_long_skip_fusion_is_refused_not_built_as_concat() -> None:
     with pytest.raises(ValueError, match=re.escape("model.long_skip must be none|concat_ln|concat; got 'unet'")):
+        check_model(ModelConfig(depth=5, long_skip="unet"))
+    with pytest.raises(ValueError, match="'unet' is not a valid LongSkipKind"):
         _model(depth=5, long_skip="unet")
     with pytest.raises(ValueError, match="'unet' is not a valid LongSkipKind"):
         LongSkipFusion(8, "unet", 1.0)
@@ -204,6 +208,12 @@ def test_long_skip_parameters_are_all_under_long_skip() -> None:
     assert {name.split(".")[0] for name in extra} == {"long_skips", "long_skip_gates"}
 
 
+def test_a_gate_on_too_few_tokens_is_refused_where_the_input_size_is_known() -> None:
+    """The learned gate has tokens // 16 hidden units: 32 px at patch 16 is 4 tokens, none."""
+    with pytest.raises(ValueError, match="needs at least 16 tokens"):
+        _model(GATE_IMAGE, long_skip="concat", skip_scale="learned_shared", patch_size=16)
+
+
 def test_a_downscaled_input_is_refused_by_the_gate() -> None:
     model = _model(GATE_IMAGE, depth=2, long_skip="concat", skip_scale="learned_shared")
     with pytest.raises(ValueError, match="native 8×8 token grid"):
@@ -215,7 +225,6 @@ def test_a_downscaled_input_is_refused_by_the_gate() -> None:
     (["model.long_skip=concat", "model.skip_kappa=0.3"], "skip_kappa=0.3 does nothing without model.skip_scale"),
     (["arm=lsc_scalelong", "model.skip_kappa=1.5"], r"skip_kappa must be in \(0, 1\]"),
     (["model.long_skip=concat", "model.skip_scale=scalelong"], "Invalid value 'scalelong', expected one of"),
-    (["arm=lsc_scalelong_ls", "model.patch_size=16"], "needs at least 16 tokens"),
     (["arm=lsc_scalelong_ls", "train.downscale_window=[0.0,0.25]"], "gate is defined on the native token grid"),
 ])
 def test_scalelong_options_that_cannot_mean_what_they_say_are_refused(overrides: list[str], message: str) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from maskbench.metrics import CO_PRIMARY, METRICS, compared_metrics, get_metric
-from maskbench.results.leaderboard import COLUMNS, FLOAT_COLUMNS
+from maskbench.results.rows import COLUMNS, FLOAT_COLUMNS
 
 # Runs in a fresh interpreter: the registry gains an entry before anything reads it, as an edit of
 # maskbench/metrics.py would, and reports what the leaderboard, the statistics and `maskbench eval` make of it.
@@ -20,7 +20,7 @@ registry.METRICS += (registry.Metric("sharpness", "sharp", False, "a test's stan
 import maskbench.config as config
 import maskbench.runs.reevaluate as reevaluate
 from maskbench.cli import main
-from maskbench.results.leaderboard import COLUMNS, FLOAT_COLUMNS, as_read
+from maskbench.results.rows import COLUMNS, FLOAT_COLUMNS, as_read
 from maskbench.results.summary import summarize
 from maskbench.results.tables import render
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from maskbench.config.presets import PRESETS, ModelConfig, tiny
+from maskbench.config.presets import PRESETS, ModelConfig, check_model, tiny
 from maskbench.models.dit import DiT
 from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import keep_count, random_keep_idx
@@ -214,7 +214,7 @@ def test_text_encoder_masks_padding_and_keeps_its_table_out_of_checkpoints() -> 
 
 @pytest.mark.parametrize("build, message", [
     (lambda: DiT(_cfg(), 18, 3, 16), "does not divide the 18-pixel input"),
-    (lambda: DiT(_cfg(heads=3), IMAGE, 3, 16), "heads"),
+    (lambda: check_model(_cfg(heads=3)), "heads"),
     (lambda: DiT(_cfg(), IMAGE, 3, 99, SynthTextEncoder(16, 1, 12)), "text encoder width"),
 ])
 def test_bad_model_arguments_raise(build, message: str) -> None:

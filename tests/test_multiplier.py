@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from maskbench.results.leaderboard import as_read
 from maskbench.results.multiplier import ABOVE, BELOW, make_ladder, measured_multipliers
+from maskbench.results.rows import as_read
 
 B = 3.2e13
 LADDER = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)  # the baseline's eval points of its budget, 4 B: B/8 ... 4 B
@@ -197,10 +197,11 @@ def test_charging_an_arms_auxiliary_flops_lowers_its_multiplier():
 
 
 def test_a_ladder_run_on_another_process_count_is_not_read():
-    """Seed 2's ladder ran on 2 processes and mask75 on 1: they drew other samples (docs/runs.md), so that seed's
-    M is not read, and the note names the counts (`summary.CONDITIONS` holds n_devices)."""
+    """Seed 2's ladder ran on 2 processes and mask75 on 1, each one stream a process (rows from before
+    data_streams): they drew other samples (docs/runs.md), so that seed's M is not read, and the note names the
+    counts (`summary.CONDITIONS` holds data_streams)."""
     rows = [dict(row, n_devices=2 if row["arm"] == "mask0" and row["seed"] == 2 else 1)
             for row in study(np.random.default_rng(11), 1.5)]
     (found,) = measured_multipliers(rows, metrics=("val_loss",))
     assert found.seeds == (0, 1, 3, 4)
-    assert any("seed(s) 2" in note and "n_devices (1 vs 2)" in note for note in found.notes), found.notes
+    assert any("seed(s) 2" in note and "data_streams (1 vs 2)" in note for note in found.notes), found.notes

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 from maskbench.config import demote_routes, load_config
 from maskbench.data.demote import ratio_key
 from maskbench.eval.sample import euler_sample
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.rows import read_rows
 from maskbench.runs.launch import make_trainer
 from tests.conftest import arm_overrides, distinct_arms, new_trainer, tiny_overrides
 

@@ -4,9 +4,9 @@ errors is "not detected", under every rule (one run a side too, and under a comp
 
 import pytest
 
-from maskbench.results.leaderboard import append_rows, read_rows
+from maskbench.results.analysis import analyse_rows
 from maskbench.results.multiplicity import EXPLORATORY
-from maskbench.results.report import analyse_rows
+from maskbench.results.rows import append_rows, read_rows
 from maskbench.results.summary import summarize
 from maskbench.results.tables import render
 from maskbench.results.targets import reached_on_pooled

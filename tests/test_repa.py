@@ -26,7 +26,7 @@ from maskbench.models.inputs import StepInputs
 from maskbench.models.masking import random_keep_idx
 from maskbench.models.objective import windowed_flow_loss
 from maskbench.models.text import SynthTextEncoder
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.rows import read_rows
 from maskbench.runs.launch import train
 from maskbench.train import repa
 from maskbench.train.flops import repa_step_flops, train_step_flops, vit_forward_flops

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from maskbench.cli import main
 from maskbench.config import load_config, load_run_config
 from maskbench.files import folder_change, sha256_json, write_folder_digests
-from maskbench.results.leaderboard import ADDED_COLUMNS
+from maskbench.results.rows import ADDED_COLUMNS
 from maskbench.runs.launch import train
 from maskbench.runs.repro import check_digests, repro_main, run_records
 from maskbench.train.checkpoint import EMA_FILE, MODEL_FILE, RunDir

@@ -18,7 +18,7 @@ from maskbench.config import Until, load_config
 from maskbench.data.dataset import resolve_dataset
 from maskbench.errors import ConfigError
 from maskbench.results.estimators import debiased_cosine
-from maskbench.results.leaderboard import read_rows
+from maskbench.results.rows import read_rows
 from maskbench.runs.launch import train
 from maskbench.train.schedule import batch_step_flops, make_schedule
 from maskbench.train.switch import cosine_from_products, cross_products, crossed

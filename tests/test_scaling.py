@@ -15,8 +15,8 @@ import scipy.optimize
 from PIL import Image
 
 from maskbench.results.estimators import mean_ci
-from maskbench.results.leaderboard import append_rows, as_read
-from maskbench.results.report import leaderboard_main, load_plan
+from maskbench.results.leaderboard import leaderboard_main
+from maskbench.results.rows import append_rows, as_read
 from maskbench.results.scaling import (
     GroupFit,
     Held,
@@ -29,6 +29,7 @@ from maskbench.results.scaling import (
     paired_relative_error,
     prediction_failed,
 )
+from maskbench.results.study_plan import load_plan
 from maskbench.results.tables import render_scaling
 
 B = 1e14                                              # the budget: the largest horizon's FLOPs

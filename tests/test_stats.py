@@ -27,10 +27,10 @@ from maskbench.results.estimators import (
     verdict,
     welch_difference,
 )
-from maskbench.results.leaderboard import append_rows, read_rows
+from maskbench.results.leaderboard import leaderboard_main
 from maskbench.results.multiplicity import Family, correct, corrected_difference
 from maskbench.results.plots import plot_leaderboard
-from maskbench.results.report import leaderboard_main
+from maskbench.results.rows import append_rows, read_rows
 from maskbench.results.summary import summarize
 from maskbench.results.tables import render
 from maskbench.results.targets import compute_to_target, monotone_fit, run_curve
@@ -907,18 +907,21 @@ def test_an_empty_condition_is_unknown_and_pairs_only_with_unknown(conditions_bo
     assert masked.notes[-1] == "mask75: not paired with mask0 on seed(s) 0, 1, 2: precision (fp32 vs unknown) differ"
 
 
-def test_runs_on_other_process_counts_are_not_paired_and_the_note_says_why(conditions_board):
-    """mask0's seed 1 ran on 2 processes, mask75's on 1, at one global batch: each process draws its own share of
+def test_runs_split_into_other_stream_counts_are_not_paired_and_the_note_says_why(conditions_board):
+    """mask0's seed 1 ran on 2 data streams, mask75's on 1, at one global batch: each stream draws its own share of
     the samples and noise (docs/runs.md), so the two saw other samples. That seed is set aside, and the note names
-    the counts and the reason; one process count on both sides pairs as before."""
-    rows = [dict(row, n_devices=2 if row["arm"] == "mask0" and row["seed"] == 1 else 1) for row in conditions_board]
-    summary = summarize(rows)
-    masked = next(r for r in summary if r.arm == "mask75" and r.comparisons)
+    the counts and the reason; one stream count on both sides pairs, whatever the process counts (train.data_streams),
+    and a row from before the column counts its processes as its streams."""
+    rows = [dict(row, data_streams=2 if row["arm"] == "mask0" and row["seed"] == 1 else 1) for row in conditions_board]
+    masked = next(r for r in summarize(rows) if r.arm == "mask75" and r.comparisons)
     assert masked.comparisons["fid"].seeds == (0, 2)
-    assert masked.notes[-1] == ("mask75: not paired with mask0 on seed(s) 1: n_devices (1 vs 2) differ: runs on other "
-                                "process counts draw other samples")
-    everywhere = [dict(row, n_devices=2) for row in conditions_board]
-    assert next(r for r in summarize(everywhere) if r.arm == "mask75" and r.comparisons).comparisons["fid"].seeds == (
+    assert masked.notes[-1] == ("mask75: not paired with mask0 on seed(s) 1: data_streams (1 vs 2) differ: runs split "
+                                "into other stream counts draw other samples")
+    old = [dict(row, n_devices=2 if row["arm"] == "mask0" and row["seed"] == 1 else 1) for row in conditions_board]
+    assert next(r for r in summarize(old) if r.arm == "mask75" and r.comparisons).comparisons["fid"].seeds == (0, 2)
+    fixed = [dict(row, data_streams=2, n_devices=2 if row["arm"] == "mask0" and row["seed"] == 1 else 1)
+             for row in conditions_board]
+    assert next(r for r in summarize(fixed) if r.arm == "mask75" and r.comparisons).comparisons["fid"].seeds == (
         0, 1, 2)
 
 

@@ -14,7 +14,7 @@ from maskbench.config import TrainConfig, load_config
 from maskbench.errors import ConfigError
 from maskbench.train.checkpoint import TrainState
 from maskbench.train.guard import StepGuard, TooManySkipped
-from maskbench.train.schedule import PhasePlan
+from maskbench.train.schedule import ScheduledPhase
 from tests.conftest import FAST, tiny_overrides
 
 
@@ -31,8 +31,8 @@ def _steps(guard: StepGuard, state: TrainState, norms: list[float], phase: int =
     return refused
 
 
-def _phase(index: int, start: int, steps: int) -> PhasePlan:
-    return PhasePlan(0.0, (1,) * steps, index=index, start=start)
+def _phase(index: int, start: int, steps: int) -> ScheduledPhase:
+    return ScheduledPhase(0.0, (1,) * steps, index=index, start=start)
 
 
 def test_the_relative_guard_refuses_a_spike_after_its_warm_up_and_follows_a_lasting_change() -> None:

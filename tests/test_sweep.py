@@ -15,7 +15,7 @@ from maskbench import cli
 from maskbench.cli import main
 from maskbench.config import config_hash, run_id
 from maskbench.errors import ConfigError
-from maskbench.results.leaderboard import append_rows, read_rows
+from maskbench.results.rows import append_rows, read_rows
 from maskbench.runs import launch
 from maskbench.runs.sweep import cell_states, csv_paths, expand_grid, plan_sweep, with_study
 from tests.conftest import FAST, tiny_overrides

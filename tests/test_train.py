@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from maskbench.cli import main
 from maskbench.config import load_config
-from maskbench.results.leaderboard import COLUMNS, read_rows
+from maskbench.results.rows import COLUMNS, read_rows
 from maskbench.runs.launch import train
 from tests.conftest import SMALL_EVAL, tiny_overrides
 

@@ -8,7 +8,7 @@ A generated table sits between two marker lines in the Markdown:
     <!-- /table -->
 
 `TABLES` maps each NAME to the CSVs it reads and the function that renders it; each function reads the
-rows the way `maskbench leaderboard` does (`report.analyse_rows` under the plan beside the CSV, if any), so a
+rows the way `maskbench leaderboard` does (`analysis.analyse_rows` under the plan beside the CSV, if any), so a
 ratio that is only a bound shows as one ("> 0.69": a seed never reached the target), a ratio read where an
 arm's monotone fit pooled a rising stretch says so, and a gap under 2 combined sampling errors reads "not
 detected". Counts, floors and ratios that prose quotes live in these tables.
@@ -32,7 +32,7 @@ import math
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -42,11 +42,12 @@ import yaml
 
 from maskbench.config.keys import config_keys
 from maskbench.metrics import CO_PRIMARY, get_metric
+from maskbench.results.analysis import Analysis, analyse_rows
 from maskbench.results.estimators import Difference, Ratio, ratio_verdict
-from maskbench.results.leaderboard import Row, read_rows
 from maskbench.results.multiplicity import Family
 from maskbench.results.multiplier import ArmMultiplier
-from maskbench.results.report import Analysis, analyse_rows, applied_plan, with_ladder
+from maskbench.results.rows import Row, read_rows
+from maskbench.results.study_plan import applied_plan, with_ladder
 from maskbench.results.summary import Summary, gap_in_ses, summarize
 from maskbench.results.tables import headline, render, render_multipliers, render_scaling, render_verdicts
 from maskbench.results.targets import Target
@@ -419,14 +420,21 @@ def tiny_literature(root: Path) -> str:
     return _table(TWO_SEED_HEADER, _two_seed_lines(root, None, exclude=("mask0", "mask75", "mask75_then0")))
 
 
-def literature_first_look(root: Path) -> str:
-    path = "results/literature/first_look/leaderboard.csv"
+def _one_seed_finals(root: Path, path: str, model: str, order: Callable[[str], object]
+                     ) -> Iterator[tuple[str, Summary, Row, dict[str, list[Row]]]]:
+    """A one-seed study's arms at 1e13 FLOPs on `model`, in `order`: each with its record, its final row, and
+    every arm's final rows (for the baseline's)."""
     study = _study(root, path)
-    records = _records(study, "tiny", 1e13)
-    finals = _final_rows(study.rows, "tiny", 1e13)
+    records, finals = _records(study, model, 1e13), _final_rows(study.rows, model, 1e13)
+    for arm in sorted(records, key=order):
+        (row,) = finals[arm]
+        yield arm, records[arm], row, finals
+
+
+def literature_first_look(root: Path) -> str:
     lines = []
-    for arm in sorted(records, key=lambda a: (a != "mask0", a)):
-        r, (row,) = records[arm], finals[arm]
+    for arm, r, row, finals in _one_seed_finals(root, "results/literature/first_look/leaderboard.csv", "tiny",
+                                                lambda a: (a != "mask0", a)):
         fd, loss = r.comparisons.get("fid"), r.comparisons.get("val_loss")
         lines.append([f"`{arm}`", _params(finals[arm], finals["mask0"]), str(row["step"]),
                       _pm(row["fid"], row["fid_se"] / Z95, ".0f"), _difference(fd.difference, ".0f") if fd else "",
@@ -446,13 +454,9 @@ LONGSKIP_ARMS = {  # arm: what it fuses, as docs/arms.md names it
 
 
 def longskip(root: Path) -> str:
-    path = "results/longskip/leaderboard.csv"
-    study = _study(root, path)
-    records = _records(study, "tiny_deep", 1e13)
-    finals = _final_rows(study.rows, "tiny_deep", 1e13)
     lines = []
-    for arm in sorted(records, key=lambda a: (list(LONGSKIP_ARMS).index(a) if a in LONGSKIP_ARMS else 99, a)):
-        r, (row,) = records[arm], finals[arm]
+    for arm, r, row, _ in _one_seed_finals(root, "results/longskip/leaderboard.csv", "tiny_deep",
+                                           lambda a: (list(LONGSKIP_ARMS).index(a) if a in LONGSKIP_ARMS else 99, a)):
         fd, loss = r.comparisons.get("fid"), r.comparisons.get("val_loss")
         lines.append([f"`{arm}`{LONGSKIP_ARMS.get(arm, '')}", str(row["step"]), _pm(row["fid"], row["fid_se"], ".0f"),
                       _gap(fd.difference, ".0f") if fd else "", _pm(row["val_loss"], row["val_loss_se"], ".4f"),

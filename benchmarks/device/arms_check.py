@@ -80,7 +80,7 @@ def fitting_budget(arm_overrides: list[str]) -> list[str]:
     from maskbench.config import load_config
     from maskbench.data.dataset import resolve_dataset
     from maskbench.errors import ConfigError
-    from maskbench.train.build import plan_run
+    from maskbench.train.build import run_schedule
 
     budget = next((o for o in reversed(arm_overrides) if o.startswith("budget.flops=")), None)
     if budget is None:
@@ -89,7 +89,7 @@ def fitting_budget(arm_overrides: list[str]) -> list[str]:
     for _ in range(MAX_DOUBLINGS):
         try:
             cfg = load_config([*arm_overrides, f"budget.flops={flops:g}"])
-            plan_run(cfg, 1, resolve_dataset(cfg.data, cfg.paths.data, create=False))
+            run_schedule(cfg, 1, resolve_dataset(cfg.data, cfg.paths.data, create=False))
             break
         except ConfigError as err:
             if "too small for one step" not in str(err):

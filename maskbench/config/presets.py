@@ -128,9 +128,9 @@ def route_span(cfg: ModelConfig) -> tuple[int, int]:
     return start, end
 
 
-def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
-    """Raise ValueError (one line) for an architecture the DiT cannot build; image_size None skips the
-    patch-grid check (the size of latent data is known only once its manifest is read)."""
+def check_model(cfg: ModelConfig) -> None:
+    """Raise ValueError (one line) for an architecture the DiT cannot build, whatever its input. The config's
+    validation calls it once; what depends on the input's size is `check_grid`, which the DiT calls."""
     positive = {"width": cfg.width, "heads": cfg.heads, "patch_size": cfg.patch_size,
                 "text_width": cfg.text_width, "text_depth": cfg.text_depth, "text_len": cfg.text_len}
     for name, value in positive.items():
@@ -153,10 +153,14 @@ def check_model(cfg: ModelConfig, image_size: int | None = None) -> None:
     _check_decoder_width(cfg)
     _check_sparse_fusion(cfg)
     _check_routing(cfg)
-    if image_size is not None and image_size % cfg.patch_size:
+
+
+def check_grid(cfg: ModelConfig, image_size: int) -> None:
+    """Raise ValueError (one line) for an architecture its input's size does not fit. Checked where the DiT is
+    built, the one place the size is always known (latent shards tell it only once their manifest is read)."""
+    if image_size % cfg.patch_size:
         raise ValueError(f"model.patch_size={cfg.patch_size} does not divide the {image_size}-pixel input")
-    if image_size is not None and cfg.skip_scale in LEARNED_SKIP_SCALES \
-            and (image_size // cfg.patch_size) ** 2 < SKIP_GATE_REDUCTION:
+    if cfg.skip_scale in LEARNED_SKIP_SCALES and (image_size // cfg.patch_size) ** 2 < SKIP_GATE_REDUCTION:
         raise ValueError(f"model.skip_scale={cfg.skip_scale} needs at least {SKIP_GATE_REDUCTION} tokens "
                          f"(its gate has tokens // {SKIP_GATE_REDUCTION} hidden units)")
 

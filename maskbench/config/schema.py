@@ -150,6 +150,7 @@ class TrainConfig:
     max_bad_steps: int = 5         # consecutive non-finite losses before stopping
     stop_at_step: Optional[int] = not_result(None)  # save and stop there, as a preemption would (resume later)
     grad_accum: int = 1            # micro-batches per step; processes × grad_accum data streams share the batch
+    data_streams: Optional[int] = added(None)  # the batch's data streams on any process count, data_streams / processes micro-batches each: runs on 1, 2 or 8 processes pair (docs/runs.md); none: processes × grad_accum
     fused_optimizer: bool = not_result(True)  # fused AdamW kernel (CUDA only)
     attention: AttentionKernel = not_result(AttentionKernel.auto)  # auto: SDPA picks flash / memory-efficient kernels; math: the reference kernel
     pin_memory: bool = not_result(True)  # page-locked batches for non-blocking host-to-GPU copies (CUDA only)

@@ -46,13 +46,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"eval.points must be fractions in (0, 1], got {list(cfg.eval.points)}")
     if cfg.train.grad_accum < 1:
         raise ConfigError(f"train.grad_accum must be at least 1, got {cfg.train.grad_accum}")
+    _validate_streams(cfg.train)
     if problem := check_tracker(cfg.train.log_with):
         raise ConfigError(problem)
     if cfg.train.keep_checkpoints < 1:
         raise ConfigError("train.keep_checkpoints must be at least 1 (the latest checkpoint is what resumes)")
     _validate_ranges(cfg)
     try:
-        check_model(cfg.model, cfg.data.image_size if cfg.data.path is None and not cfg.data.mix else None)
+        check_model(cfg.model)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _validate_techniques(cfg)
@@ -143,13 +144,26 @@ def _validate_phase_options(cfg: RunConfig, phase: Phase) -> None:
     _validate_rule_horizons(cfg, phase)
 
 
+def _validate_streams(train: TrainConfig) -> None:
+    """train.data_streams fixes the global batch's streams; the micro-batches follow from the process count."""
+    streams = train.data_streams
+    if streams is None:
+        return
+    if streams < 1 or train.batch_size % streams:
+        raise ConfigError(f"train.data_streams must be at least 1 and divide train.batch_size {train.batch_size}, "
+                          f"got {streams}")
+    if train.grad_accum != 1:
+        raise ConfigError(f"train.data_streams={streams} sets the micro-batches (data_streams / processes): leave "
+                          f"train.grad_accum at 1, got {train.grad_accum}")
+
+
 def _validate_cosine_rule(cfg: RunConfig, phase: Phase) -> None:
     """grad_cosine_below compares the phase's masked gradient with the full one, each micro-batch in parts."""
     name, until = cfg.arm.name, phase.until
     if phase.mask_ratio <= 0:
         raise ConfigError(f"arm {name!r}: until.grad_cosine_below compares a masked gradient with the full one: "
                           "its phase needs mask_ratio > 0")
-    micro = cfg.train.batch_size // cfg.train.grad_accum
+    micro = cfg.train.batch_size // (cfg.train.data_streams or cfg.train.grad_accum)  # at most, on one process
     if until.probe_splits < 3 or micro < until.probe_splits:
         raise ConfigError(f"arm {name!r}: until.probe_splits must be >= 3 (the debiased cosine pairs distinct parts) "
                           f"and at most the micro-batch ({micro}); got {until.probe_splits}")

@@ -87,7 +87,7 @@ class Unit:
 
 
 @dataclass(frozen=True)
-class SourcePlan:
+class SourceIndex:
     """What a source adapter found: its units, what it skipped while indexing, and its options."""
 
     units: list[Unit]
@@ -486,7 +486,7 @@ def _resume_summary(decisions: Counter[str]) -> list[str]:
             for kind, line in RESUME_LINES.items() if decisions[kind]]
 
 
-def pack(out_dir: str | Path, source: str, plan: SourcePlan, opts: PackOptions, progress: bool = True,
+def pack(out_dir: str | Path, source: str, plan: SourceIndex, opts: PackOptions, progress: bool = True,
          log: Callable[[str], None] | None = None) -> dict:
     """Pack every unit of `plan` not packed yet, or whose part is stale, into `out_dir`.
 

@@ -36,7 +36,7 @@ from maskbench.config.presets import (
     ModelConfig,
     SkipInit,
     SkipScale,
-    check_model,
+    check_grid,
     decoder_width,
     maskdit_decoder,
 )
@@ -537,6 +537,6 @@ def _fits_grid(size: torch.Size, patch: int, grid: tuple[int, int]) -> bool:
 
 
 def _validate(cfg: ModelConfig, image_size: int, context_dim: int, text_encoder: nn.Module | None) -> None:
-    check_model(cfg, image_size)
+    check_grid(cfg, image_size)
     if text_encoder is not None and getattr(text_encoder, "width", context_dim) != context_dim:
         raise ValueError(f"context_dim {context_dim} must equal the text encoder width {text_encoder.width}")

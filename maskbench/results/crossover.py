@@ -43,8 +43,8 @@ from maskbench.results.estimators import (
     ratio_verdict,
     sampling_ses,
 )
-from maskbench.results.leaderboard import Row
 from maskbench.results.multiplicity import EXPLORATORY, Family, adjust, corrected_difference
+from maskbench.results.rows import Row
 from maskbench.results.summary import SIZE_TOLERANCE, paired_by_condition, source_family
 from maskbench.results.tables import WIDTH, compact_table, layout, wrap_lines
 from maskbench.results.targets import horizon_target, seed_ratio

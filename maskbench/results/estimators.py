@@ -27,7 +27,7 @@ import numpy as np
 import scipy.stats
 
 from maskbench.metrics import METRICS
-from maskbench.results.leaderboard import Row
+from maskbench.results.rows import Row
 
 Estimate = tuple[float, float]  # (mean, confidence-interval half-width; NaN for one value)
 Bound = str  # "" a value, "<=" an upper bound (reached at the first point), ">" a lower bound (not reached)

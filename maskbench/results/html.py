@@ -28,11 +28,12 @@ from maskbench import __version__
 from maskbench.config import PathsConfig
 from maskbench.eval.grid import GRID_FILE
 from maskbench.results import plots
-from maskbench.results.leaderboard import Row, read_rows
+from maskbench.results.analysis import analyse_rows
 from maskbench.results.multiplicity import ArmVerdict, Family
 from maskbench.results.multiplier import ArmMultiplier
-from maskbench.results.report import analyse_rows, applied_plan, with_ladder
+from maskbench.results.rows import Row, read_rows
 from maskbench.results.scaling import GroupFit
+from maskbench.results.study_plan import applied_plan, with_ladder
 from maskbench.results.summary import SIZE_TOLERANCE, Summary, measured_groups
 from maskbench.results.tables import (
     group_label,
@@ -85,7 +86,7 @@ class StudyPage:
 def analyse(name: str, paths: Sequence[str], plan: str | None, baseline: str | None, on_error: str,
             size_tolerance: float | None = SIZE_TOLERANCE) -> StudyPage:
     """The rows, plan, family, corrected summary, compute curves and verdicts, found as
-    `report.leaderboard_main` finds them (`report.analyse_rows`)."""
+    `leaderboard.leaderboard_main` finds them (`analysis.analyse_rows`)."""
     rows = read_rows(paths, on_error)
     if not rows:
         raise ValueError(f"no leaderboard rows in {', '.join(paths)}")

@@ -39,7 +39,7 @@ import numpy as np
 import scipy.stats
 
 from maskbench.metrics import get_metric
-from maskbench.results.leaderboard import Row
+from maskbench.results.rows import Row
 from maskbench.results.summary import measured_groups
 from maskbench.results.tables import group_label
 

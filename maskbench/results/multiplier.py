@@ -33,7 +33,7 @@ import scipy.interpolate
 
 from maskbench.metrics import get_metric
 from maskbench.results.estimators import Bound, Estimate, Ratio, curve_errors, mean_ci, ratio_summary
-from maskbench.results.leaderboard import Row
+from maskbench.results.rows import Row
 from maskbench.results.summary import SIZE_TOLERANCE, condition_mismatch, measured_groups
 from maskbench.results.targets import monotone_fit
 

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import NullFormatter
 
 from maskbench.metrics import compared_metrics, get_metric
-from maskbench.results.leaderboard import Row
+from maskbench.results.rows import Row
 from maskbench.results.scaling import GroupFit
 from maskbench.results.summary import Summary, summarize
 

@@ -48,8 +48,8 @@ from maskbench.results.estimators import (
     sampling_se,
     sampling_ses,
 )
-from maskbench.results.leaderboard import Row
 from maskbench.results.multiplier import family_rows, ladder_runs
+from maskbench.results.rows import Row
 from maskbench.results.summary import SIZE_TOLERANCE, measured_groups, paired_by_condition
 
 WARMUP_STEPS = TrainConfig.warmup_steps  # the rows do not record the warm-up; the default's is the studies'.

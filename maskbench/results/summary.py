@@ -31,17 +31,18 @@ from maskbench.results.estimators import (
     sampling_ses,
     welch_difference,
 )
-from maskbench.results.leaderboard import Row
+from maskbench.results.rows import Row, Value
 from maskbench.results.targets import COMPUTE, Target, horizon_target, seed_pooled, seed_ratio
 
 # What two runs of one seed must share to pair: the same numerics (device, precision) and the same random draws
 # (draw scheme: common random numbers make the per-seed difference cancel the noise only when both runs draw alike;
-# n_devices: each process draws its own share of a step's samples and noise, so a run on 2 processes trains on
-# other samples than a run on 1 at the same global batch, docs/runs.md). An empty field (rows written before it
-# existed) is "unknown", and pairs only with unknown.
-CONDITIONS = ("device", "precision", "draw_scheme", "n_devices")
+# data_streams: each data stream reads its own samples and draws its own noise, so runs split into other stream
+# counts train on other samples at the same global batch, whatever their process counts, docs/runs.md). An empty
+# field (rows written before it existed) is "unknown", and pairs only with unknown; rows from before data_streams
+# count their processes as their streams (every committed study ran train.grad_accum 1).
+CONDITIONS = ("device", "precision", "draw_scheme", "data_streams")
 # Why a condition's difference unpairs two runs, where its name alone does not say it.
-WHY_UNPAIRED = {"n_devices": "runs on other process counts draw other samples"}
+WHY_UNPAIRED = {"data_streams": "runs split into other stream counts draw other samples"}
 # A gap under this many combined sampling errors (the SE of Δ its rows' own sampling errors imply) is "not
 # detected", whatever the test over seeds says: the evaluation alone could have made it (`detected_difference`).
 DETECTED_SES = 2.0
@@ -63,10 +64,18 @@ def size_mismatch(row: Row, partner: Row, tolerance: float = SIZE_TOLERANCE) -> 
 def condition_mismatch(row: Row, partner: Row, size_tolerance: float | None = SIZE_TOLERANCE) -> list[str]:
     """The fields of CONDITIONS in which two runs differ, as 'field (this vs that)', and their sizes when they
     differ beyond `size_tolerance` (None: any size pairs); empty when they pair."""
-    values = [(field, row.get(field) or "unknown", partner.get(field) or "unknown") for field in CONDITIONS]
+    values = [(field, _condition(row, field), _condition(partner, field)) for field in CONDITIONS]
     differ = [f"{field} ({mine} vs {theirs})" for field, mine, theirs in values if mine != theirs]
     size = size_mismatch(row, partner, size_tolerance) if size_tolerance is not None else ""
     return differ + ([size] if size else [])
+
+
+def _condition(row: Row, field: str) -> Value:
+    """A row's value of a pairing condition; "unknown" where empty (a row from before its column). A row from
+    before data_streams has the streams of its processes (train.grad_accum 1, as every committed study)."""
+    if field == "data_streams" and not row.get(field):
+        return row.get("n_devices") or "unknown"
+    return row.get(field) or "unknown"
 
 
 def paired_by_condition(arm_rows: Sequence[Row], base_rows: Sequence[Row], baseline_arm: str,

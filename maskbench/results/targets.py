@@ -19,7 +19,7 @@ import scipy.optimize
 
 from maskbench.metrics import get_metric
 from maskbench.results.estimators import Bound, Ratio, curve_errors
-from maskbench.results.leaderboard import Row
+from maskbench.results.rows import Row
 
 COMPUTE = {"train_flops": "FLOPs", "gpu_hours": "device-h"}  # the two compute axes of compute-to-target
 Weights = Sequence[float] | None  # one per point of a curve, in its order; None: equal weights

@@ -21,7 +21,7 @@ from maskbench.eval.evaluate import check_eval_inputs
 from maskbench.eval.fid import DinoV2Features, InceptionFeatures, MissingWeights
 from maskbench.manifest import read_manifest
 from maskbench.runs.source import load_source
-from maskbench.train.build import new_model, plan_run
+from maskbench.train.build import new_model, run_schedule
 from maskbench.train.checkpoint import RunDir, device_name
 from maskbench.train.schedule import Schedule
 from maskbench.weights import ENV, REGISTRY
@@ -39,7 +39,7 @@ def dry_run(cfg: RunConfig, n_processes: int = 1) -> list[str]:
     data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
     if cfg.init_from:
         load_source(cfg, data)
-    schedule = plan_run(cfg, n_processes, data)
+    schedule = run_schedule(cfg, n_processes, data)
     with torch.device("meta"):  # the model against the data's size (the DiT's own check), on shapes alone
         new_model(cfg, data)
     exists = (data.val_dir / "manifest.json").is_file()

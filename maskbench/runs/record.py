@@ -23,10 +23,11 @@ from maskbench.data.dataset import DatasetInfo
 from maskbench.eval.evaluate import Evaluator, validation_loss
 from maskbench.files import write_folder_digests
 from maskbench.metrics import METRICS
-from maskbench.results.leaderboard import METRIC_COLUMNS, append_rows, as_read, complete_row
+from maskbench.results.rows import METRIC_COLUMNS, append_rows, as_read, complete_row
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha, precision_name
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.repa import encoder_pretrain_flops
+from maskbench.train.streams import stream_layout
 from maskbench.train.tracking import log_eval
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device, "precision": precision,
         "draw_scheme": draw_scheme, "encoder_flops": encoder if math.isfinite(encoder) else None,  # NaN: unknown
-        "n_devices": n_devices, "mfu": mfu,
+        "n_devices": n_devices, "mfu": mfu, "data_streams": stream_layout(cfg.train, n_devices)[0],
         "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
         **{column: result.get(column) for column in METRIC_COLUMNS},  # every metric and its sampling error
         "fid_features": result.get("fid_features"), "fid_n": result.get("fid_n"), "fid_ref": result.get("fid_ref"),

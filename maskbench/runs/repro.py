@@ -56,7 +56,7 @@ from maskbench.eval.evaluate import Evaluator, check_eval_inputs, load_samples
 from maskbench.files import DIGESTS, folder_change, sha256_file, sha256_json
 from maskbench.metrics import METRICS
 from maskbench.models.build import build_model
-from maskbench.results.leaderboard import ADDED_COLUMNS, read_rows
+from maskbench.results.rows import ADDED_COLUMNS, read_rows
 from maskbench.runs.launch import train
 from maskbench.runs.reevaluate import load_point
 from maskbench.train.checkpoint import RunDir, environment

@@ -3,9 +3,9 @@ the model with its EMA, REPA's parts and the optimizer (`Parts`), and, once the 
 trackers (`open_run`).
 
 The model is built before any data is generated or anything is written. The config's validation refused what the
-config alone decides (`config.presets.check_model`); the DiT's constructor checks it again against the data's own
-size, which for latent shards is known only once their manifest is read: a bad `model.*` is one line, nothing on
-disk.
+config alone decides (`config.presets.check_model`); the DiT's constructor checks what depends on the data's size
+(`check_grid`), which for latent shards is known only once their manifest is read: a bad `model.*` is one line,
+nothing on disk.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from maskbench.train.diagnostics import BlockNorms
 from maskbench.train.ema import EMA
 from maskbench.train.repa import Repa, make_repa
 from maskbench.train.schedule import Schedule, make_schedule
+from maskbench.train.streams import stream_layout
 from maskbench.train.tracking import flat_scalars
 
 
@@ -57,24 +58,27 @@ def make_accelerator(cfg: RunConfig, run: RunDir | None = None) -> Accelerator:
     # The model's buffers (fixed positions, the synth token table) never change: no rebroadcast each forward.
     ddp = DistributedDataParallelKwargs(find_unused_parameters=False, broadcast_buffers=False)
     trackers = None if cfg.train.log_with == "none" else cfg.train.log_with
-    return Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
-                       gradient_accumulation_steps=cfg.train.grad_accum, kwargs_handlers=[timeout, ddp], log_with=trackers,
-                       project_dir=str((run or RunDir.of(cfg)).root))
+    acc = Accelerator(cpu=not cuda, mixed_precision=precision, step_scheduler_with_optimizer=False,
+                      kwargs_handlers=[timeout, ddp], log_with=trackers, project_dir=str((run or RunDir.of(cfg)).root))
+    # the micro-batches per step depend on the process count once train.data_streams fixes the streams
+    acc.gradient_accumulation_steps = stream_layout(cfg.train, acc.num_processes)[1]
+    return acc
 
 
-def plan_run(cfg: RunConfig, n_processes: int, data: DatasetInfo) -> Schedule:
+def run_schedule(cfg: RunConfig, n_processes: int, data: DatasetInfo) -> Schedule:
     """The run's schedule on the data it will read (not generated yet if synth): a batch that does not split
     over the data streams, or a budget too small for one step, is refused before any data is generated."""
-    n_streams = n_processes * cfg.train.grad_accum
+    n_streams = stream_layout(cfg.train, n_processes)[0]
     if cfg.train.batch_size % n_streams:
-        raise ConfigError(f"train.batch_size {cfg.train.batch_size} must be divisible by processes × "
-                          f"train.grad_accum = {n_streams}")
+        how = "train.data_streams" if cfg.train.data_streams else "processes × train.grad_accum"
+        raise ConfigError(f"train.batch_size {cfg.train.batch_size} must be divisible by {how} = {n_streams}")
     return make_schedule(cfg, data, n_streams)
 
 
 def new_model(cfg: RunConfig, data: DatasetInfo) -> DiT:
     """The run's DiT, initialised from the global RNG. One it cannot build is a bad input (exit 2): the DiT's
-    constructor checks it (`check_model`) against the data's size, which for latent shards is known only here."""
+    constructor checks the model against the data's size (`check_grid`), which for latent shards is known only
+    here."""
     try:
         return build_model(cfg.model, data)
     except ValueError as err:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from maskbench.config import TrainConfig
 from maskbench.errors import UserError
 from maskbench.train.checkpoint import TrainState
-from maskbench.train.schedule import PhasePlan
+from maskbench.train.schedule import ScheduledPhase
 
 REFUSED_KEPT = 1000  # the latest refused norms a stop summarises (not a long run's every one)
 
@@ -73,12 +73,12 @@ class StepGuard:
             window.append(grad_norm)
             del window[:-self.train.skip_step_window]
 
-    def after_step(self, state: TrainState, phase: PhasePlan) -> None:
+    def after_step(self, state: TrainState, phase: ScheduledPhase) -> None:
         """`check` when this step ended `phase`, as the schedule in force plans it (a rule that fired shortened it)."""
         if state.step == phase.start + phase.steps:
             self.check(state, phase)
 
-    def check(self, state: TrainState, phase: PhasePlan | None = None) -> None:
+    def check(self, state: TrainState, phase: ScheduledPhase | None = None) -> None:
         """Stop (TooManySkipped) when more than `train.max_skipped_share` of `phase`'s steps (one that just ended),
         or of the run's steps so far, were skipped.
 

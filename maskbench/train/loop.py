@@ -1,6 +1,6 @@
 """The training loop: one run = (arm, data, model, budget, seed), trained to its FLOPs budget.
 
-Every phase of the arm gets its share of the FLOPs budget as whole steps (`schedule.plan_phases`); the trunk
+Every phase of the arm gets its share of the FLOPs budget as whole steps (`schedule.schedule_phases`); the trunk
 steps through them (`step.Stepper` is one step, `switch.PhaseRules` what each phase trains and the rule that
 may end it). Each eval point before the last is a cooled horizon: a decay branch run from the trunk and put back
 (`horizons`); the last is the trunk's end. Every eval point is checkpointed and handed to `on_point` (evaluation
@@ -32,12 +32,12 @@ from maskbench.config import RunConfig
 from maskbench.data.dataset import DatasetInfo, generate_synth
 from maskbench.data.loader import ShardLoader
 from maskbench.files import write_atomic
-from maskbench.train.build import Parts, Start, build_parts, make_accelerator, open_run, plan_run
+from maskbench.train.build import Parts, Start, build_parts, make_accelerator, open_run, run_schedule
 from maskbench.train.checkpoint import RunDir, TrainState, latest_trunk, load_checkpoint, save_checkpoint
 from maskbench.train.guard import StepGuard
 from maskbench.train.horizons import restore, snapshot
 from maskbench.train.progress import Progress
-from maskbench.train.schedule import Horizon, PhasePlan, make_schedule
+from maskbench.train.schedule import Horizon, ScheduledPhase, make_schedule
 from maskbench.train.step import Stepper
 from maskbench.train.steplog import StepLog
 from maskbench.train.streams import Streams
@@ -194,7 +194,7 @@ class Trainer:
         restore(self.parts, self.progress, trunk)
         return stopped
 
-    def step(self, phase: PhasePlan, flops: int, batch_iters: list, loaders: list[ShardLoader], log: StepLog) -> dict:
+    def step(self, phase: ScheduledPhase, flops: int, batch_iters: list, loaders: list[ShardLoader], log: StepLog) -> dict:
         """One training step of the schedule in force: its counters and its line in `log`.
 
         The step's seconds (`StepTimer`: device time, read without a per-step synchronize) exclude the wait
@@ -277,7 +277,7 @@ def trainer_for(cfg: RunConfig, data: DatasetInfo, accelerator: Accelerator | No
     run = RunDir.of(cfg)
     acc = accelerator or make_accelerator(cfg, run)
     streams = Streams(cfg, data, acc)
-    progress = Progress(TrainState(), plan_run(cfg, acc.num_processes, data))
+    progress = Progress(TrainState(), run_schedule(cfg, acc.num_processes, data))
     warmup = max(cfg.train.warmup_steps, 0)
     # The LR follows the schedule in force: the trunk's, or a cooled horizon's while its branch trains.
     parts = build_parts(cfg, data, acc, start, lambda step: progress.active.lr_factor(step, warmup, cfg.train.schedule))

@@ -47,7 +47,7 @@ def step_generator(seed: int, stream: int, step: int, purpose: str) -> torch.Gen
 
 
 @dataclass(frozen=True)
-class PhasePlan:
+class ScheduledPhase:
     """One phase of an arm: its mask ratio and the FLOPs of each whole step its share of the budget buys."""
 
     mask_ratio: float
@@ -68,9 +68,9 @@ class PhasePlan:
         return sum(self.flops_per_step)
 
 
-def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callable[[Phase, int, int], int],
+def schedule_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callable[[Phase, int, int], int],
                 ends: Mapping[int, int] | None = None,
-                constant_cost: Callable[[Phase], int | None] | None = None) -> list[PhasePlan]:
+                constant_cost: Callable[[Phase], int | None] | None = None) -> list[ScheduledPhase]:
     """Give each phase fraction × budget FLOPs, as whole steps.
 
     step_cost(phase, step, done) is the cost of the run's global step `step`, the `done`-th step of its
@@ -84,12 +84,12 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
     phase i + 1, so the run still spends its budget to within one step per phase.
 
     constant_cost(phase), where given, is the cost of every step of a phase whose steps all cost the same (None
-    for one whose do not): its steps are then counted at once, not one by one (a large budget plans ~10^6 steps).
+    for one whose do not): its steps are then counted at once, not one by one (a large budget schedules ~10^6 steps).
     """
     if any(p.fraction <= 0 for p in phases) or abs(sum(p.fraction for p in phases) - 1.0) > 1e-6:
         raise ConfigError(f"phase budget fractions must be positive and sum to 1, got {[p.fraction for p in phases]}")
     ends = ends or {}
-    plans, start, carried = [], 0, 0.0
+    scheduled, start, carried = [], 0, 0.0
     for index, phase in enumerate(phases):
         allowance, spent, costs = phase.fraction * budget_flops + carried, 0, []
         fixed = constant_cost(phase) if constant_cost is not None and index not in ends else None
@@ -107,17 +107,17 @@ def plan_phases(phases: Sequence[Phase], budget_flops: float, step_cost: Callabl
             raise ConfigError(f"budget {budget_flops:.3g} FLOPs is too small for one step of phase {index} "
                               f"(mask {phase.mask_ratio}, {phase.fraction:.0%} of the budget): one step costs {cost:.3g}")
         carried = allowance - spent if index in ends else 0.0
-        plans.append(PhasePlan(phase.mask_ratio, tuple(costs), phase.trainable, phase.until,
-                               tuple(phase.lr) if phase.lr is not None else None, index, start, phase.demote))
+        scheduled.append(ScheduledPhase(phase.mask_ratio, tuple(costs), phase.trainable, phase.until,
+                                         tuple(phase.lr) if phase.lr is not None else None, index, start, phase.demote))
         start += len(costs)
-    return plans
+    return scheduled
 
 
 @dataclass
 class Schedule:
     """Where each step sits: its phase, its FLOPs, the steps at which eval points fall, where its LR
     decays, and (wsd) the cooled horizons that branch off it."""
-    phases: list[PhasePlan]
+    phases: list[ScheduledPhase]
     eval_steps: dict[int, float]   # steps completed -> eval point (evaluated on this schedule's own weights)
     decay_start: int | None = None  # wsd: the first step of the LR decay
     horizons: list[Horizon] = field(default_factory=list)  # wsd: the eval points before the last, as branches
@@ -130,7 +130,7 @@ class Schedule:
     def total_flops(self) -> int:
         return sum(p.flops for p in self.phases)
 
-    def phase_at(self, step: int) -> tuple[PhasePlan, int]:
+    def phase_at(self, step: int) -> tuple[ScheduledPhase, int]:
         """(the phase of global step `step`, that step's FLOPs)."""
         for phase in self.phases:
             if step < phase.steps:
@@ -174,7 +174,7 @@ class Horizon:
 def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mapping[int, int] | None = None) -> Schedule:
     """Plan phases by FLOPs, then put each eval point at the first step whose FLOPs reach it.
 
-    With `ends` (phases whose rule fired: `plan_phases`), the eval points a run had already reached when
+    With `ends` (phases whose rule fired: `schedule_phases`), the eval points a run had already reached when
     a rule fired keep their steps; the later ones move to where the replanned FLOPs reach them.
     Under `train.schedule=wsd` every eval point before the last is a `Horizon` instead: a branch with
     its own cooled schedule. A rule arm's horizon is the standalone run of its budget, whose rule fires
@@ -200,7 +200,7 @@ def make_schedule(cfg: RunConfig, data: DatasetInfo, n_streams: int, ends: Mappi
         return None
 
     def planned(budget: float, points: Sequence[float], ends: Mapping[int, int]) -> Schedule:
-        phases = plan_phases(cfg.arm.phases, budget, step_cost, ends, constant_cost)
+        phases = schedule_phases(cfg.arm.phases, budget, step_cost, ends, constant_cost)
         decay = _decay_start(phases, cfg.train.decay_fraction) if cfg.train.schedule == LRSchedule.wsd else None
         return Schedule(phases, _eval_steps(points, phases), decay)
 
@@ -237,7 +237,7 @@ def rule_checks(until: Until | None, done: int) -> bool:
     return until is not None and until.grad_cosine_below is not None and done % until.every == 0
 
 
-def _eval_steps(points: Sequence[float], phases: list[PhasePlan]) -> dict[int, float]:
+def _eval_steps(points: Sequence[float], phases: list[ScheduledPhase]) -> dict[int, float]:
     """Each eval point at the first step whose cumulative FLOPs reach that fraction of the plan's."""
     cumulative = list(itertools.accumulate(flops for phase in phases for flops in phase.flops_per_step))
     eval_steps = {}
@@ -247,7 +247,7 @@ def _eval_steps(points: Sequence[float], phases: list[PhasePlan]) -> dict[int, f
     return eval_steps
 
 
-def _decay_start(phases: list[PhasePlan], fraction: float) -> int:
+def _decay_start(phases: list[ScheduledPhase], fraction: float) -> int:
     """The first step all of whose predecessors together spend ≥ (1 − fraction) of the FLOPs."""
     cumulative = list(itertools.accumulate(flops for phase in phases for flops in phase.flops_per_step))
     return min(bisect.bisect_left(cumulative, (1 - fraction) * cumulative[-1] * (1 - 1e-9)) + 1, len(cumulative))

@@ -25,7 +25,7 @@ from maskbench.models.objective import sample_t, windowed_flow_loss
 from maskbench.train.build import Parts
 from maskbench.train.checkpoint import TrainState
 from maskbench.train.guard import StepGuard
-from maskbench.train.schedule import PhasePlan, step_generator
+from maskbench.train.schedule import ScheduledPhase, step_generator
 from maskbench.train.steplog import batch_digest, draw_digest
 from maskbench.train.streams import Streams
 
@@ -59,7 +59,7 @@ class Stepper:
     def __init__(self, cfg: RunConfig, parts: Parts, guard: StepGuard, streams: Streams) -> None:
         self.cfg, self.parts, self.guard, self.streams = cfg, parts, guard, streams
 
-    def draws(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> StepDraws:
+    def draws(self, batch: dict, phase: ScheduledPhase, stream: int, step: int) -> StepDraws:
         """One stream's micro-batch on the device with every draw of its step.
 
         Each purpose draws from its own generator keyed by (seed, stream, step, purpose), so every arm
@@ -84,7 +84,7 @@ class Stepper:
         inputs = StepInputs.draw(step_context, repa=self.parts.repa)  # each technique's own draw (`models.inputs`)
         return StepDraws(x0, t, drop, noise, context, context_mask, inputs)
 
-    def stream_loss(self, batch: dict, phase: PhasePlan, stream: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def stream_loss(self, batch: dict, phase: ScheduledPhase, stream: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The training loss of one stream's micro-batch, and the digest of its shared draws."""
         parts = self.parts
         d = self.draws(batch, phase, stream, step)
@@ -92,7 +92,7 @@ class Stepper:
             loss = windowed_flow_loss(parts.net, *d.loss_args(), d.inputs, self.cfg.train.mae_weight, parts.forward)
         return loss, draw_digest(d.t, d.drop, d.noise, device=parts.accelerator.device)
 
-    def accumulate_gradients(self, batches: list[dict], phase: PhasePlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def accumulate_gradients(self, batches: list[dict], phase: ScheduledPhase, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Backward over this rank's micro-batches; returns their losses and draw digests.
 
         `accelerator.accumulate` (gradient_accumulation_steps = train.grad_accum, `build.make_accelerator`)
@@ -122,7 +122,7 @@ class Stepper:
         parts.optimizer.zero_grad(set_to_none=True)
         return finite, stepped
 
-    def __call__(self, batches: list[dict], wait: float, phase: PhasePlan, counters: TrainState,
+    def __call__(self, batches: list[dict], wait: float, phase: ScheduledPhase, counters: TrainState,
                  flags: Callable[[], tuple[bool, bool]]) -> dict:
         """Forward, backward and update of step `counters.step`; every number returned is the same on every rank.
         flags(): (a stop was asked for, a checkpoint is due), read once the gradients are in; they join the one sync."""

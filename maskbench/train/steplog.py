@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from maskbench.config import TrainConfig
 from maskbench.train.guard import guard_name
 from maskbench.train.progress import Progress
-from maskbench.train.schedule import PhasePlan
+from maskbench.train.schedule import ScheduledPhase
 from maskbench.train.tracking import log_step
 
 
@@ -66,7 +66,7 @@ class StepLog:
     def flush(self) -> None:
         self.file.flush()
 
-    def write(self, progress: Progress, phase: PhasePlan, out: dict, lr: float, extra: dict) -> None:
+    def write(self, progress: Progress, phase: ScheduledPhase, out: dict, lr: float, extra: dict) -> None:
         """The step just taken as one line. `out`: what `step.Stepper` returned; `extra`: the diagnostics and a
         rule's check."""
         state = progress.counters

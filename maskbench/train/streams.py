@@ -1,8 +1,10 @@
-"""This rank's data streams: the global batch `train.batch_size` is split over processes × `train.grad_accum`
-streams, and stream s = rank · grad_accum + micro-batch reads its own disjoint share of the shards
-(`data.loader.stream_shards`). What a step trains on depends on the stream count only: 2 processes × 1
-micro-batch and 1 process × 2 micro-batches run the same steps (up to float summation order). A loader opens at
-its saved position, so a resumed run reads exactly what the uninterrupted one would have.
+"""This rank's data streams: the global batch `train.batch_size` is split over S data streams, and stream
+s = rank · micro-batches + micro-batch reads its own disjoint share of the shards (`data.loader.stream_shards`)
+and draws its own t, noise, dropout and mask (`schedule.step_generator`, keyed by the stream). What a step trains
+on depends on S only: 2 processes × 1 micro-batch and 1 process × 2 micro-batches run the same steps (up to float
+summation order). S is `train.data_streams` where set, whatever the process count (each process then runs its
+share as micro-batches), else processes × `train.grad_accum` (`stream_layout`). A loader opens at its saved
+position, so a resumed run reads exactly what the uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -12,11 +14,23 @@ import os
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from maskbench.config import RunConfig
+from maskbench.config import RunConfig, TrainConfig
 from maskbench.data.dataset import DatasetInfo
 from maskbench.data.loader import ShardLoader, auto_workers, make_loader, worker_counts
 from maskbench.errors import ConfigError
 from maskbench.models.build import loader_decoder
+
+
+def stream_layout(train: TrainConfig, n_processes: int) -> tuple[int, int]:
+    """(data streams S of the global batch, micro-batches per process). With `train.data_streams` S is the
+    config's on any process count that divides it, so runs on 1, 2 or 8 processes pair; else processes ×
+    grad_accum, which pairs only with runs of the same stream count."""
+    if train.data_streams is None:
+        return n_processes * train.grad_accum, train.grad_accum
+    if train.data_streams % n_processes:
+        raise ConfigError(f"train.data_streams={train.data_streams} must be divisible by the {n_processes} "
+                          "processes (each runs an equal share of the streams as micro-batches)")
+    return train.data_streams, train.data_streams // n_processes
 
 
 def loader_workers(asked: int | None, loaders: int) -> int:
@@ -35,9 +49,8 @@ class Streams:
     """This rank's streams, one per micro-batch: `ids`, loaders opened at a step, and their positions."""
 
     def __init__(self, cfg: RunConfig, data: DatasetInfo, acc: Accelerator) -> None:
-        accum = cfg.train.grad_accum
+        self.count, accum = stream_layout(cfg.train, acc.num_processes)
         self.cfg, self.data, self.acc = cfg, data, acc
-        self.count = acc.num_processes * accum
         self.ids = range(acc.process_index * accum, (acc.process_index + 1) * accum)
         self.num_workers = loader_workers(cfg.data.num_workers, accum)
 

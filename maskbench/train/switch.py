@@ -5,7 +5,7 @@ leaves the switch to the user, who is told to watch the skip Linear layers' weig
 not to over-train stage 1. A phase's `until` makes that a rule, checked every `until.every` steps of the
 phase: the skip layers' weight-norm growth over a check interval fell below a fraction, or the
 (EMA) fixed-t validation loss is back within a fraction of the source run's. The phase's `fraction` is
-its cap; when the rule fires, the plan moves the rest of its budget to the next phase (`plan_phases`).
+its cap; when the rule fires, the plan moves the rest of its budget to the next phase (`schedule_phases`).
 
 The same machinery ends a masked phase when masking stops paying (issue 28's rule arm): every
 `until.every` steps, the masked gradient's debiased cosine to the full-token gradient on the step's own
@@ -29,7 +29,7 @@ from maskbench.models.dit import DiT
 from maskbench.models.objective import flow_loss
 from maskbench.train.ddp import Layout, phase_layout
 from maskbench.train.progress import Progress
-from maskbench.train.schedule import PhasePlan, Schedule, batch_step_flops, make_schedule, rule_checks
+from maskbench.train.schedule import Schedule, ScheduledPhase, batch_step_flops, make_schedule, rule_checks
 from maskbench.train.step import StepDraws, Stepper
 
 
@@ -126,7 +126,7 @@ class PhaseRules:
         self.validation, self.reference = validation, reference
         self.layout: Layout = (Trainable.all, ())  # what the model trains now (`train.ddp`): all, as built
 
-    def enter(self, progress: Progress, phase: PhasePlan) -> None:
+    def enter(self, progress: Progress, phase: ScheduledPhase) -> None:
         """Before a step: train only what the phase's steps give a gradient (and wrap the model for DDP again
         when that changed), note where the first phase ended, and take the baseline of a growth rule at the
         phase's first step."""
@@ -143,15 +143,15 @@ class PhaseRules:
         if phase.until is not None and phase.until.skip_norm_growth_below is not None and state.step == phase.start:
             state.rule = {"previous": skip_weight_norm(model)}
 
-    def probes_now(self, progress: Progress, phase: PhasePlan) -> bool:
+    def probes_now(self, progress: Progress, phase: ScheduledPhase) -> bool:
         """Whether this step of the phase holds a cosine rule's probe (the plan charged it here)."""
         return rule_checks(phase.until, progress.counters.step - phase.start + 1)
 
-    def masked_share(self, phase: PhasePlan) -> float:
+    def masked_share(self, phase: ScheduledPhase) -> float:
         """A masked step's FLOPs over a full step's, on this run's model and batch (`Until.per_flop`)."""
         return batch_step_flops(self.cfg, self.data, phase.mask_ratio) / batch_step_flops(self.cfg, self.data, 0.0)
 
-    def probe_cosine(self, batches: list[dict], phase: PhasePlan, step: int) -> float:
+    def probe_cosine(self, batches: list[dict], phase: ScheduledPhase, step: int) -> float:
         """The `grad_cosine_below` rule's measurement before the step's update: the debiased cosine between
         the phase's masked gradient and the full-token one, each stream's micro-batch in `probe_splits`
         parts with the step's own t, noise, dropout and mask (the plan charges one full and one masked pass
@@ -174,7 +174,7 @@ class PhaseRules:
                 products += cross_products([functools.partial(part_losses, idx) for idx in parts], net)
         return cosine_from_products(acc.reduce(products, "sum").cpu())
 
-    def check(self, progress: Progress, phase: PhasePlan, probed: float | None) -> tuple[dict, Schedule]:
+    def check(self, progress: Progress, phase: ScheduledPhase, probed: float | None) -> tuple[dict, Schedule]:
         """After a trunk step of a rule phase, every `until.every` steps before its cap: measure (`probed`: the
         cosine rule's measurement, taken during the step), and if the rule fires, end the phase here and replan
         the rest of the budget. Returns what the step's log records and the trunk's schedule from now on."""

@@ -1,6 +1,6 @@
 """The raw datasets `maskbench data pack SOURCE` knows, and that command's arguments.
 
-Each source is a module with `add_arguments(parser)` and `plan_from_args(args) -> SourcePlan`; the table
+Each source is a module with `add_arguments(parser)` and `plan_from_args(args) -> SourceIndex`; the table
 below lists them by name, imported plainly so the import graph shows them (the driver, `data.pack`, never
 imports a source: sources import it).
 """

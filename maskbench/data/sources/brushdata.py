@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from maskbench.data.pack import Item, Sample, Skip, SourcePlan, Unit, existing_paths, tar_items
+from maskbench.data.pack import Item, Sample, Skip, SourceIndex, Unit, existing_paths, tar_items
 
 
 def decode_brushdata_rle(rle: list[int], height: int, width: int) -> np.ndarray:
@@ -83,11 +83,11 @@ def read_brushdata_tar(path: Path, keep_segmentation: bool) -> Iterator[Item]:
     return tar_items(path, partial(_item, keep_segmentation=keep_segmentation))
 
 
-def plan_brushdata(inputs: list[str | Path], keep_segmentation: bool = False) -> SourcePlan:
+def plan_brushdata(inputs: list[str | Path], keep_segmentation: bool = False) -> SourceIndex:
     """One unit per tar; `inputs` are tar files or folders of them."""
     tars = existing_paths(inputs, "*.tar")
     units = [Unit(p.stem, partial(read_brushdata_tar, p, keep_segmentation), (p,)) for p in tars]
-    return SourcePlan(units, {}, {"keep_segmentation": keep_segmentation})
+    return SourceIndex(units, {}, {"keep_segmentation": keep_segmentation})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,5 +95,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-segmentation", action="store_true", help="store the masks as KEY.segmentation.json")
 
 
-def plan_from_args(args: argparse.Namespace) -> SourcePlan:
+def plan_from_args(args: argparse.Namespace) -> SourceIndex:
     return plan_brushdata(args.inputs, args.keep_segmentation)

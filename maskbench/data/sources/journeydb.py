@@ -18,7 +18,17 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 
-from maskbench.data.pack import IMAGE_FORMATS, Captions, Item, Sample, Skip, SourcePlan, Unit, index_captions, tar_items
+from maskbench.data.pack import (
+    IMAGE_FORMATS,
+    Captions,
+    Item,
+    Sample,
+    Skip,
+    SourceIndex,
+    Unit,
+    index_captions,
+    tar_items,
+)
 from maskbench.data.shards import BadSample
 from maskbench.errors import ConfigError
 
@@ -102,7 +112,7 @@ def read_journeydb_folder(path: Path, captions: dict[str, str | None]) -> Iterat
         yield Skip("image_without_caption", len(strays))
 
 
-def plan_journeydb(annotations: list[str | Path], imgs: str | Path, caption_field: str = "prompt") -> SourcePlan:
+def plan_journeydb(annotations: list[str | Path], imgs: str | Path, caption_field: str = "prompt") -> SourceIndex:
     """One unit per image archive or folder in `imgs` (folders win over archives of the same name)."""
     if caption_field not in CAPTION_FIELDS:
         raise ConfigError(f"--caption-field must be one of {CAPTION_FIELDS}, got {caption_field!r}")
@@ -124,7 +134,7 @@ def plan_journeydb(annotations: list[str | Path], imgs: str | Path, caption_fiel
             path, read = archives[name], partial(read_journeydb_archive, archives[name], name, captions.get(name, {}))
         units.append(Unit(name, read, (path, *anno_paths)))  # annotations too: they decide what is packed
     filters = {"caption_field": caption_field, "annotations": sorted(p.name for p in anno_paths)}
-    return SourcePlan(units, dict(skipped), filters)
+    return SourceIndex(units, dict(skipped), filters)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,5 +145,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt: the Midjourney prompt (as MicroDiT); caption: Task2.Caption")
 
 
-def plan_from_args(args: argparse.Namespace) -> SourcePlan:
+def plan_from_args(args: argparse.Namespace) -> SourceIndex:
     return plan_journeydb(args.annotations, args.imgs, args.caption_field)

@@ -22,7 +22,7 @@ from maskbench.data.pack import (
     Item,
     Sample,
     Skip,
-    SourcePlan,
+    SourceIndex,
     Unit,
     existing_paths,
     index_captions,
@@ -83,14 +83,14 @@ def read_sa1b_tar(path: Path, captions: dict[str, str | None]) -> Iterator[Item]
         yield Skip("caption_without_image", len(unmatched))
 
 
-def plan_sa1b(inputs: list[str | Path], captions: list[str | Path]) -> SourcePlan:
+def plan_sa1b(inputs: list[str | Path], captions: list[str | Path]) -> SourceIndex:
     """One unit per SA-1B tar; `captions` are InternVL-SA-1B-Caption JSONL files (inputs of every
     unit, since a re-downloaded caption file may caption images it left out before)."""
     tars = existing_paths(inputs, "sa_*.tar")
     caption_files = existing_paths(captions, "*.jsonl")
     by_stem, skipped = read_captions(caption_files, {p.stem for p in tars})
     units = [Unit(p.stem, partial(read_sa1b_tar, p, by_stem.get(p.stem, {})), (p, *caption_files)) for p in tars]
-    return SourcePlan(units, dict(skipped), {"captions": sorted(p.name for p in caption_files)})
+    return SourceIndex(units, dict(skipped), {"captions": sorted(p.name for p in caption_files)})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,5 +99,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="InternVL-SA-1B-Caption JSONL file(s), e.g. internvl_sa1b_caption_11m_single_image_en.jsonl")
 
 
-def plan_from_args(args: argparse.Namespace) -> SourcePlan:
+def plan_from_args(args: argparse.Namespace) -> SourceIndex:
     return plan_sa1b(args.inputs, args.captions)

@@ -1,12 +1,10 @@
-"""`maskbench leaderboard`: read CSVs and the study's plan, print the per-arm summary and comparisons, the
-measured compute multiplier and the fitted compute curves where they passed their check (or, with --mlperf,
-the MLPerf-style scores; with --crossover, the crossover map), optionally plot.
+"""A study's analysis plan: the front matter of its PLAN.md, parsed and checked, and how a report applies it.
 
 A study folder `results/<study>/` holds its rows (`leaderboard.csv`) and its analysis plan (`PLAN.md`): a
 front matter of YAML between `---` lines naming the primary metrics, the baseline arm, the targets, the
 test, alpha, the multiplicity correction and what "pays" means (and, optionally, the rule by which a held-out
 prediction of the compute curves fails, how far from B a crossover is read, the baseline's ladder CSV and when
-the plan was amended), then prose. The report applies the plan it finds beside the CSV (or `--plan FILE`),
+the plan was amended), then prose. A report applies the plan it finds beside the CSV (or `--plan FILE`),
 reads the ladder it names beside the rows, and labels every reading confirmatory or exploratory: without a
 plan everything is exploratory, and so is everything a plan reads from rows written before it (or before its
 amendment: the analysis did not exist when the data could still steer it).
@@ -16,15 +14,10 @@ the isotonic compute-to-target ratios are tested and an arm pays where they lie 
 metric. `ratio: compute multiplier` with `interval: above 1`: the tests are the difference at B and log M(B),
 M measured on the baseline's ladder (`multiplier`), Holm across them, and the report ends with each arm's
 verdict at B (`multiplicity.multiplier_verdicts`, `tables.render_verdicts`).
-
-Apart from `leaderboard.py` (the CSV's schema and locked appends) so that writers of rows need neither
-scipy nor matplotlib, and so the modules import one way: leaderboard <- estimators <- targets <- summary <-
-multiplier <- scaling, multiplicity <- tables <- mlperf, plots, crossover <- report.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,31 +26,16 @@ from typing import NamedTuple
 
 import yaml
 
-from maskbench.metrics import CO_PRIMARY, compared_metrics, get_metric
-from maskbench.results.leaderboard import DEFAULT_CSV, Row, read_rows
+from maskbench.metrics import compared_metrics, get_metric
 from maskbench.results.multiplicity import (
     CORRECTIONS,
     EXPLORATORY,
     MULTIPLIER,
     RATIO,
-    ArmVerdict,
     Family,
-    correct_study,
-    multiplier_verdicts,
 )
-from maskbench.results.multiplier import AUXILIARY, ArmMultiplier, Reading, measured_multipliers
-from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, FAILURE_RULES, GroupFit, fit_groups
-from maskbench.results.summary import SIZE_TOLERANCE, Summary, summarize
-from maskbench.results.tables import (
-    DETAILS_HINT,
-    FORMATS,
-    WIDTH,
-    render,
-    render_multipliers,
-    render_scaling,
-    render_verdicts,
-    wrap_lines,
-)
+from maskbench.results.rows import Row, read_rows
+from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, FAILURE_RULES
 from maskbench.results.targets import COMPUTE
 
 PLAN_FILE = "PLAN.md"
@@ -287,159 +265,3 @@ def _plan_for(paths: Sequence[str], plan: str | None) -> StudyPlan | None:
     """The plan to apply: --plan FILE, else the PLAN.md beside the CSVs, else none."""
     path = Path(plan) if plan else find_plan(paths)
     return load_plan(path) if path else None
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """What the report reads off the rows under a family: the corrected summary, the measured compute
-    multipliers (M(B) corrected too under the compute-multiplier rule), the fitted curves (exploratory,
-    shown only where their ladder check held), the verdicts of that rule, and the family's size."""
-    summary: list[Summary]
-    measured: list[ArmMultiplier]
-    fits: list[GroupFit]
-    verdicts: list[ArmVerdict]
-    tests: int
-    also: tuple[list[ArmMultiplier], ...] = ()  # M on device-hours, and with auxiliary FLOPs charged (reported)
-
-
-def analyse_rows(rows: Sequence[Row], plan: StudyPlan | None, baseline: str, family: Family,
-                 fits: bool = True, size_tolerance: float | None = SIZE_TOLERANCE) -> Analysis:
-    """Summarise, read the measured compute multipliers off the baseline's ladder (`multiplier`), fit the
-    compute curves when `fits` (exploratory: no verdict reads them), correct the family's tests together
-    (`multiplicity.correct_study`) and read the verdicts. M and the curves are read for the metrics that fall
-    towards a floor: FD and val loss, and a plan's lower-is-better primary metrics."""
-    summary = summarize(rows, baseline, family.compared(), 1 - family.alpha, size_tolerance)
-    metrics = (CO_PRIMARY if family.rule == RATIO else
-               tuple(m for m in family.compared() if get_metric(m).lower_is_better))
-    measured = measured_multipliers(rows, baseline, metrics, 1 - family.alpha, size_tolerance)
-    also = tuple(found for how in _other_readings(rows)
-                 if (found := measured_multipliers(rows, baseline, metrics, 1 - family.alpha, size_tolerance, how)))
-    found = fit_groups(rows, baseline, metrics, level=1 - family.alpha,
-                       within=plan.crossover_within if plan else CROSSOVER_WITHIN,
-                       rule=plan.prediction_fails if plan else DEFAULT_RULE,
-                       size_tolerance=size_tolerance) if fits else []
-    summary, measured, tests = correct_study(summary, measured, family)
-    return Analysis(summary, measured, found, multiplier_verdicts(summary, measured, family), tests, also)
-
-
-def _other_readings(rows: Sequence[Row]) -> list[Reading]:
-    """The readings of M reported beside the FLOPs one: on device-hours (only between rows of one device model),
-    and, where an arm spent FLOPs outside its steps (`multiplier.AUXILIARY`), with them charged to it."""
-    readings = [Reading(axis="gpu_hours")]
-    return readings + ([Reading(charged=True)] if any(row.get(AUXILIARY) for row in rows) else [])
-
-
-def leaderboard_main(paths: Sequence[str], fmt: str = "table", plot: str | None = None,
-                     baseline: str | None = None, on_error: str = "skip", mlperf: bool = False,
-                     crossover: str | None = None, plan: str | None = None,
-                     allow_size_mismatch: bool = False, details: bool = False) -> int:
-    """All of `maskbench leaderboard`: read CSVs, print the summary, optionally plot; the exit code.
-
-    With no paths it reads DEFAULT_CSV. Wrong input (a CSV that does not exist, an unknown format
-    or error policy, a malformed row under abort, a malformed plan)
-    prints one line on stderr and returns 2, as do files without a single row. The summary and the
-    crossover map first say which plan they applied (`plan`, else PLAN.md beside the CSVs), or that there
-    is none. With mlperf, the MLPerf-style scores are printed instead of the summary, and 1 is returned,
-    with the run counts on stderr, when no arm has enough runs. With crossover=ARM, the crossover map of
-    ARM against the baseline is printed (and drawn with plot) instead. Otherwise the compute curves follow
-    the summary in table and Markdown formats (`scaling`, under their own heading: CSV stays one table), and
-    plot also draws them beside it, to PNG's name with `_fits` (`plots.plot_fits`). Under a plan whose
-    "pays" is the compute multiplier, each arm's verdict at B follows last (on stderr beside a CSV).
-    The text (fmt "table") fits `tables.WIDTH` columns and ends with a line saying what `details` adds: every
-    column, one line a row, as the tables were before they had to fit a terminal.
-    """
-    from maskbench.results import plots  # matplotlib: only once a summary is to be printed or drawn
-
-    paths = list(paths) or [DEFAULT_CSV]
-    missing = [path for path in paths if not Path(path).is_file()]
-    try:
-        if missing:
-            raise ValueError(f"no such leaderboard CSV: {', '.join(missing)}")
-        if fmt not in FORMATS:
-            raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-        if mlperf and plot:
-            raise ValueError("--mlperf prints the MLPerf-style scores only; plot without it")
-        if mlperf and crossover:
-            raise ValueError("--mlperf and --crossover are different reports: pick one")
-        rows = read_rows(paths, on_error)
-        if not rows:  # empty, or not a leaderboard (read_rows said why, line by line): bad input
-            raise ValueError(f"no leaderboard rows in {', '.join(paths)}")
-        if mlperf:
-            return _print_mlperf(rows, baseline or "mask0", fmt)
-        applied = applied_plan(rows, paths, plan, baseline)
-        rows = with_ladder(rows, applied)
-        found, baseline, family = applied.rules, applied.baseline, applied.family
-        tolerance = None if allow_size_mismatch else SIZE_TOLERANCE
-        if crossover:
-            return _print_crossover(rows, crossover, applied, plot, tolerance,
-                                    compact=fmt == "table" and not details)
-        analysis = analyse_rows(rows, found, baseline, family, fits=fmt != "csv" or bool(plot),
-                                size_tolerance=tolerance)
-        summary, fits = analysis.summary, analysis.fits
-        compact = fmt == "table" and not details
-        _print_plan_line(applied.describe(rows, analysis.tests), fmt, compact)
-        print(render(summary, fmt, family, details))
-        if fmt != "csv" and analysis.measured:
-            for found in (analysis.measured, *analysis.also):
-                print("\n" + render_multipliers(found, fmt, 1 - family.alpha))
-        if fits and fmt != "csv":
-            print("\n" + render_scaling(fits, fmt, 1 - family.alpha, details))
-        if analysis.verdicts:
-            verdicts = render_verdicts(analysis.verdicts, fmt, family, details)
-            print(verdicts if fmt == "csv" else "\n" + verdicts, file=sys.stderr if fmt == "csv" else sys.stdout)
-        if compact:
-            print("\n" + DETAILS_HINT)
-        if plot:
-            print(f"plot written to {plots.plot_leaderboard(summary, plot)}", file=sys.stderr)
-            if fits:
-                print(f"plot written to {plots.plot_fits(fits, summary, plot)}", file=sys.stderr)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _print_plan_line(line: str, fmt: str, compact: bool = False) -> None:
-    """The line saying which plan was applied: on stderr beside a CSV, so the CSV stays one table; else
-    first on stdout, a paragraph of its own (a blank line apart, so Markdown does not read it into a table),
-    wrapped to `tables.WIDTH` in compact text."""
-    if fmt == "csv":
-        print(line, file=sys.stderr)
-    else:
-        print("\n".join(wrap_lines([line], WIDTH if compact else None)), end="\n\n")
-
-
-def _print_mlperf(rows, baseline: str, fmt: str) -> int:
-    from maskbench.results.mlperf import MIN_RUNS, mlperf_summary, render_mlperf
-
-    scores, notes = mlperf_summary(rows, baseline_arm=baseline)
-    if not scores:
-        print(f"--mlperf scores arms with >= {MIN_RUNS} finished runs, the {baseline} baseline among them "
-              "(MLPerf's minimum for text-to-image); none here. " + " ".join(notes), file=sys.stderr)
-        return 1
-    print(render_mlperf(scores, notes, fmt))
-    return 0
-
-
-def _print_crossover(rows, arm: str, applied: AppliedPlan, plot: str | None, size_tolerance: float | None,
-                     compact: bool) -> int:
-    from maskbench.results.crossover import correct_cells, crossover_cells, plot_crossover, render_cells
-
-    baseline, family = applied.baseline, applied.family
-    measured = sorted({row["arm"] for row in rows if not row["source"]})
-    if arm not in measured:  # a typo, not an empty map: bad input
-        raise ValueError(f"--crossover {arm}: no such arm in these rows; they have {', '.join(measured)}")
-    cells = crossover_cells(rows, arm=arm, baseline=baseline, metrics=family.compared(), level=1 - family.alpha,
-                            size_tolerance=size_tolerance)
-    if not cells:
-        print(f"no crossover cells: no seed has both a {arm} and a {baseline} run of the same model, batch size "
-              "and budget", file=sys.stderr)
-        return 1
-    cells, tests = correct_cells(cells, family)
-    _print_plan_line(applied.describe(rows, tests), "table" if compact else "markdown", compact)
-    print(render_cells(cells, family, compact))
-    if compact:
-        print("\n" + DETAILS_HINT)
-    if plot:
-        print(f"plot written to {plot_crossover(cells, plot, f'{arm} against {baseline}')}", file=sys.stderr)
-    return 0
