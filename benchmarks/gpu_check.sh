@@ -84,9 +84,11 @@ step train $PY benchmarks/device/wrap.py --dynamo-out "$work/train_dynamo.json" 
   eval.val_samples=$val_samples eval.sampler_steps=$sampler eval.inception_weights="$inception" eval.clip_model="$clip" \
   paths.runs="$work/train/runs" paths.leaderboard="$work/train/leaderboard.csv"
 
+# No loader workers for the toy arms: the shards (--jobs) already share the machine's CPUs, and workers sized from
+# them (8 a loader on 16 CPUs) would put ~48 processes beside the compilers for batches a process reads in microseconds.
 small="data.path=$synth paths.data=$work/data $toy model.kernels=$kernels train.batch_size=$batch train.warmup_steps=2
   eval.points=[1.0] eval.n_samples=8 eval.val_samples=16 eval.sampler_steps=2 eval.batch_size=16 eval.grid_size=4
-  data.shuffle_buffer=32"
+  data.shuffle_buffer=32 data.num_workers=0"
 arms=${GPU_CHECK_ARMS:-}
 step arms $PY benchmarks/device/arms_check.py --work "$work/arms" --out "$work/arms.jsonl" --jobs $jobs \
   --backend $backend --deadline-s $arms_deadline ${arms:+--arms $arms} -- $small train.compile=true \

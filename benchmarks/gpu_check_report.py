@@ -184,6 +184,8 @@ def report(work: Path, mode: str, planned: tuple[str, ...] = STEPS) -> dict:
                   "draws_match_mask0": paired.get(r["arm"])} for r in arms],
         "arms_ok": f"{sum(r['status'] == 'ok' for r in arms)} of {len(arms)}" if arms else None,
         "draws_match_mask0": paired,
+        # each arm's logged draws against the CPU's recomputation: common random numbers across devices
+        "draws_match_cpu": {r["arm"]: r.get("draws_match_cpu") for r in arms if r.get("draws_match_cpu") is not None},
         "ddp": ddp,
         "ddp_dynamo": [read_json(p) for p in sorted(work.glob("ddp_dynamo.rank*.json"))],
         **({"tables": tables} if tables else {}),

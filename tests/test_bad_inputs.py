@@ -30,6 +30,7 @@ BAD_OVERRIDES = {
     "eval.val_t=[0.5,1.0]": "eval.val_t must be times in (0, 1)",
     "train.lr=0": "train.lr and train.grad_clip must be positive",
     "train.data_streams=3": "train.data_streams must be at least 1 and divide train.batch_size 64, got 3",
+    "arm.charge_source=true": "arm.charge_source charges the training of the run this one starts from: set init_from",
 }
 BAD_ARM_FILES = {
     "name: only_a_name\n": "has no `phases` list",

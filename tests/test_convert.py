@@ -29,6 +29,7 @@ from maskbench.train.flops import skips_only_step_flops, train_step_flops
 from maskbench.train.schedule import make_schedule
 from maskbench.train.switch import crossed, set_trainable, skip_weight_norm
 from tests.conftest import FAST, tiny_overrides
+from tests.paired_runs import leaderboard_of
 
 BATCH = 2
 
@@ -238,6 +239,16 @@ def test_step_guard_skips_every_step_above_it_and_still_spends_the_budget(tmp_pa
     row = read_rows([cfg.paths.leaderboard])[-1]
     assert row["train_flops"] == records[-1]["flops"] > 0.9 * cfg.budget.flops
     assert row["skipped_steps"] == row["step"] == len(records)
+
+
+def test_a_converted_run_that_charges_its_source_carries_the_sources_flops(tmp_path, synth_root, source):
+    """arm.charge_source: the source's training FLOPs at the point the run starts from go into the rows'
+    auxiliary_flops (which the charged multiplier adds); without it the conversion's rows carry 0 (no REPA either)."""
+    charged_cfg, _ = _convert(tmp_path / "charged", synth_root, source, "", "arm.charge_source=true")
+    plain_cfg, _ = _convert(tmp_path / "plain", synth_root, source)
+    (source_row,) = read_rows([leaderboard_of(source)])
+    assert [row["auxiliary_flops"] for row in read_rows([charged_cfg.paths.leaderboard])] == [source_row["train_flops"]]
+    assert [row["auxiliary_flops"] for row in read_rows([plain_cfg.paths.leaderboard])] == [0.0]  # none spent
 
 
 def test_the_conversion_as_shipped_trains_in_every_phase(tmp_path, synth_root, source):

@@ -203,6 +203,7 @@ def test_every_step_runs_at_toy_size_on_the_cpu(tmp_path: Path) -> None:
     [point] = train["eval_points"]
     assert point["fid_features"] == "standin-random-inception" and point["clip_score"] is not None
     assert report["arms_ok"] == "2 of 2" and report["draws_match_mask0"] == {"mask75": True}
+    assert report["draws_match_cpu"] == {"mask0": True, "mask75": True}  # here the device is the CPU itself
     assert all(arm["dynamo"]["graph_breaks"] == 0 and arm["dynamo"]["graphs"] >= 1 for arm in report["arms"])
     # the peak GPU memory of every arm and of the train run: in the schema, empty on a CPU
     assert all(arm["peak_memory_gib"] is None for arm in report["arms"]) and train["dynamo"]["peak_memory_gib"] is None

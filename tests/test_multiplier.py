@@ -194,6 +194,10 @@ def test_charging_an_arms_auxiliary_flops_lowers_its_multiplier():
     (charged,) = measured_multipliers(rows, metrics=("val_loss",), how=Reading(charged=True))
     assert plain.at_budget.geomean == pytest.approx(1.5, rel=0.02)
     assert charged.at_budget.geomean == pytest.approx(1.0, rel=0.02) and charged.charged
+    # a row with the auxiliary_flops column reads it, not encoder_flops (rows from before it had only the encoder's)
+    newer = [dict(row, encoder_flops=None, auxiliary_flops=row.get("encoder_flops")) for row in rows]
+    (again,) = measured_multipliers(newer, metrics=("val_loss",), how=Reading(charged=True))
+    assert again.at_budget.geomean == charged.at_budget.geomean
 
 
 def test_a_ladder_run_on_another_process_count_is_not_read():

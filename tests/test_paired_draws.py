@@ -4,6 +4,7 @@ step they share; the mask is the only extra draw (DESIGN.md, "Fairness of a comp
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -54,3 +55,19 @@ def test_the_draw_fingerprint_sees_every_byte_and_order():
     assert len({int(fingerprint(v)) for v in (x, swapped, nudged)}) == 3
     assert fingerprint(signed) != fingerprint(-signed)  # -0.0 and 0.0 differ in their bytes
     assert fingerprint(torch.tensor([True, False])) != fingerprint(torch.tensor([False, True]))
+
+
+def test_a_runs_logged_draws_are_recomputed_from_its_config_on_the_cpu(tmp_path, synth_root, paired_runs):
+    """`expected_draw_digests` rebuilds every stream's t, dropout and noise from (config, stream, step) alone, so
+    the device check compares a GPU's log against the CPU's (benchmarks/device/arms_check.py `draws_match_cpu`):
+    a run's own log matches at every step, and one altered draw does not."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "device"))
+    from arms_check import draws_match_cpu
+
+    cfg = load_config(paired_overrides(tmp_path, synth_root, "mask75"))
+    steps = _steps(paired_runs["mask75"])
+    assert len(steps) > 5 and draws_match_cpu(cfg, steps) is True
+    altered = [dict(s, draw_digest=[f"{(int(s['draw_digest'][0], 16) + 1):08x}"]) if s["step"] == 3 else s
+               for s in steps]
+    assert draws_match_cpu(cfg, altered) is False
+    assert draws_match_cpu(load_config(paired_overrides(tmp_path, synth_root, "mask75", "seed=1")), steps) is False

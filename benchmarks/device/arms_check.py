@@ -102,6 +102,23 @@ def first_error_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
 
 
+def draws_match_cpu(cfg, steps: list[dict]) -> bool | None:
+    """Whether every step's logged draw digests (made where the run trained) equal the CPU's recomputation of the
+    same draws (`train.step.expected_draw_digests`): on a GPU, whether the common random numbers hold across
+    devices, not only across arms on one. None: no step to check."""
+    import torch
+
+    from maskbench.data.dataset import resolve_dataset
+    from maskbench.train.step import expected_draw_digests
+
+    if not steps:
+        return None
+    data = resolve_dataset(cfg.data, cfg.paths.data, create=False)
+    n_streams = len(steps[0]["draw_digest"])
+    shape = torch.Size((cfg.train.batch_size // n_streams, data.channels, data.image_size, data.image_size))
+    return all(s["draw_digest"] == expected_draw_digests(cfg, n_streams, s["step"], shape) for s in steps)
+
+
 def run_arm(arm: str, work: Path, overrides: list[str], counts: DynamoCounts, source: Path | None) -> dict:
     """Train one arm on the overrides; what it did, what Dynamo did, or its first error line."""
     from maskbench.config import load_config
@@ -116,15 +133,16 @@ def run_arm(arm: str, work: Path, overrides: list[str], counts: DynamoCounts, so
     peak_memory_gib(reset=True)
     tick = time.perf_counter()
     try:
-        run_dir = train(load_config([f"arm={spec}", *overrides, *extra, f"paths.runs={root / 'runs'}",
-                                     f"paths.leaderboard={root / 'leaderboard.csv'}"]))
+        cfg = load_config([f"arm={spec}", *overrides, *extra, f"paths.runs={root / 'runs'}",
+                           f"paths.leaderboard={root / 'leaderboard.csv'}"])
+        run_dir = train(cfg)
         steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         evaluated = (run_dir / "eval.jsonl").is_file()
         record.update(status="ok" if evaluated else "failed", run_dir=str(run_dir), steps=len(steps),
                       mask_ratios=sorted({s["mask_ratio"] for s in steps}, reverse=True),
                       switched_at=next((s["step"] for s in steps if s["mask_ratio"] != steps[0]["mask_ratio"]), None),
                       finite=all(s["loss"] == s["loss"] for s in steps), evaluated=evaluated,
-                      draw_digests=[s["draw_digest"] for s in steps])
+                      draw_digests=[s["draw_digest"] for s in steps], draws_match_cpu=draws_match_cpu(cfg, steps))
         if not evaluated:
             record["error"] = "no eval.jsonl: the run did not evaluate"
     except Exception as err:  # a failing arm is a finding; the next arm still runs

@@ -13,18 +13,29 @@
 # PYTHONPATH, as on the device). torchvision must be the build of that torch: with this machine's own
 # torch 2.13.0+cpu (KIT_TORCH="torch==2.13.0 torchvision==0.28.0") PyPI's torchvision 0.28.0, a CUDA build, does
 # not load ("operator torchvision::nms does not exist"), and timm, open_clip and clean-fid import torchvision.
+#
+# The venv is built once per (Python, torch, image-requirements.txt) and reused after (its spec in $venv/kit-spec):
+# building it downloads ~3 GB. `--setup` builds it and stops, so the download can run apart from the check.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+setup_only=0
+if [ "${1:-}" = "--setup" ]; then setup_only=1; shift; fi
 venv=${KIT_VENV:-/tmp/kitvenv}
 out=${1:-/tmp/kit_out}
 [ -d .whl ] || bash benchmarks/device/kit.sh > /dev/null
-rm -rf "$venv" "$out" /tmp/site
+rm -rf "$out" /tmp/site
 torch=${KIT_TORCH:-torch==2.11.0 torchvision==0.26.0}
-"${KIT_PYTHON:-python3}" -m venv "$venv"
-"$venv/bin/python" -m pip install -q ${torch%% *}
-"$venv/bin/python" -m pip install -q $torch -r benchmarks/device/image-requirements.txt
+spec="${KIT_PYTHON:-python3} $torch $(sha256sum benchmarks/device/image-requirements.txt | cut -c1-16)"
+if [ "$(cat "$venv/kit-spec" 2>/dev/null)" != "$spec" ]; then
+  rm -rf "$venv"
+  "${KIT_PYTHON:-python3}" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q ${torch%% *}
+  "$venv/bin/python" -m pip install -q $torch -r benchmarks/device/image-requirements.txt
+  "$venv/bin/python" -m pip list --format=freeze > "$venv/pip-list.txt"
+  echo "$spec" > "$venv/kit-spec"
+fi
 echo "prove_kit: venv $venv: $("$venv/bin/python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
-"$venv/bin/python" -m pip list --format=freeze > "$venv/pip-list.txt"
+[ "$setup_only" = 1 ] && exit 0
 if (cd / && "$venv/bin/python" -c "import maskbench; import diffusers" 2>/dev/null); then  # outside the checkout
   echo "prove_kit: maskbench and the kit's packages import before the kit's install: not a fresh venv" >&2
   exit 1

@@ -69,6 +69,7 @@ class ArmConfig:
     name: str = "mask0"                      # the arm's name (rows and run ids carry it); `arm=NAME` picks a shipped arm, `arm=FILE.yaml` yours
     description: str = not_result("")        # one line for `maskbench arms`
     phases: list[Phase] = field(default_factory=lambda: [Phase()])  # the arm: each phase a mask ratio and its share of the budget (docs/arms.md)
+    charge_source: bool = not_result(False)  # started from another run (init_from): its source's training FLOPs count as this arm's auxiliary compute (rows' auxiliary_flops), for a method whose cost includes making its source
 
 
 @dataclass

@@ -47,6 +47,8 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.grad_accum < 1:
         raise ConfigError(f"train.grad_accum must be at least 1, got {cfg.train.grad_accum}")
     _validate_streams(cfg.train)
+    if cfg.arm.charge_source and not cfg.init_from:
+        raise ConfigError("arm.charge_source charges the training of the run this one starts from: set init_from")
     if problem := check_tracker(cfg.train.log_with):
         raise ConfigError(problem)
     if cfg.train.keep_checkpoints < 1:

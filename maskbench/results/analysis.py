@@ -16,8 +16,8 @@ from maskbench.results.multiplicity import (
     correct_study,
     multiplier_verdicts,
 )
-from maskbench.results.multiplier import AUXILIARY, ArmMultiplier, Reading, measured_multipliers
-from maskbench.results.rows import Row
+from maskbench.results.multiplier import ArmMultiplier, Reading, measured_multipliers
+from maskbench.results.rows import Row, auxiliary_flops
 from maskbench.results.scaling import CROSSOVER_WITHIN, DEFAULT_RULE, GroupFit, fit_groups
 from maskbench.results.study_plan import StudyPlan
 from maskbench.results.summary import SIZE_TOLERANCE, Summary, summarize
@@ -58,6 +58,6 @@ def analyse_rows(rows: Sequence[Row], plan: StudyPlan | None, baseline: str, fam
 
 def _other_readings(rows: Sequence[Row]) -> list[Reading]:
     """The readings of M reported beside the FLOPs one: on device-hours (only between rows of one device model),
-    and, where an arm spent FLOPs outside its steps (`multiplier.AUXILIARY`), with them charged to it."""
+    and, where an arm spent FLOPs outside its steps (`rows.auxiliary_flops`), with them charged to it."""
     readings = [Reading(axis="gpu_hours")]
-    return readings + ([Reading(charged=True)] if any(row.get(AUXILIARY) for row in rows) else [])
+    return readings + ([Reading(charged=True)] if any(auxiliary_flops(row) for row in rows) else [])

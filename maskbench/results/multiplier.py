@@ -33,7 +33,7 @@ import scipy.interpolate
 
 from maskbench.metrics import get_metric
 from maskbench.results.estimators import Bound, Estimate, Ratio, curve_errors, mean_ci, ratio_summary
-from maskbench.results.rows import Row
+from maskbench.results.rows import Row, auxiliary_flops
 from maskbench.results.summary import SIZE_TOLERANCE, condition_mismatch, measured_groups
 from maskbench.results.targets import monotone_fit
 
@@ -139,7 +139,7 @@ class ArmMultiplier:
     trend_seeds: int                               # the seeds with >= 2 values of M (the trend's n)
     reach: float                                   # the ladders' last horizon (mean over seeds, on `axis`)
     axis: str = "train_flops"                      # the compute M is a ratio of: FLOPs, or device-hours
-    charged: bool = False                          # the arm's auxiliary FLOPs (`AUXILIARY`) added to its C
+    charged: bool = False                          # the arm's auxiliary FLOPs (`rows.auxiliary_flops`) added to its C
     notes: tuple[str, ...] = ()
 
     @property
@@ -150,9 +150,6 @@ class ArmMultiplier:
     @property
     def seeds(self) -> tuple[int, ...]:
         return tuple(sorted({r.seed for horizon in self.readings for r in horizon}))
-
-
-AUXILIARY = "encoder_flops"  # compute an arm spent outside its training steps (REPA's encoder's pretraining)
 
 
 @dataclass(frozen=True)
@@ -171,7 +168,8 @@ def measured_multipliers(rows: Sequence[Row], baseline: str = "mask0", metrics: 
 
     `how.axis` "gpu_hours" reads M in device-hours, and only between rows of one device model (another
     model's hour is another unit: those seeds are set aside as "different devices"). `how.charged` adds each
-    row's auxiliary FLOPs (`AUXILIARY`) to the arm's compute, as the cost of what it brought from outside."""
+    row's auxiliary FLOPs (`rows.auxiliary_flops`) to the arm's compute, as the cost of what it brought from
+    outside."""
     out = []
     for key, group in measured_groups(rows).items():
         family = family_rows(rows, key, baseline)
@@ -278,7 +276,7 @@ def _arm_multiplier(key: tuple, metric: str, arm: str, baseline: str, runs: dict
 
 def _compute(row: Row, how: Reading) -> float:
     """The arm's compute at a row on the reading's axis, its auxiliary FLOPs added when charged."""
-    return row[how.axis] + ((row.get(AUXILIARY) or 0.0) if how.charged else 0.0)
+    return row[how.axis] + ((auxiliary_flops(row) or 0.0) if how.charged else 0.0)
 
 
 def _trend(readings: Sequence[Sequence[SeedReading]], level: float) -> tuple[Estimate | None, int]:

@@ -65,7 +65,7 @@ _DECLARED: tuple[Column, ...] = (
     _added("compile_s", float), _added("eval_s", float), _added("checkpoint_s", float), _added("resume_s", float),
     *(_metric(f"{name}_se", added=True) for name in ("val_loss", "fid", "fd_dinov2", "clip_score", "align_acc")),
     _added("precision"), _added("draw_scheme"), _added("encoder_flops", float), _added("skipped_steps", int),
-    _added("data_streams", int),
+    _added("data_streams", int), _added("auxiliary_flops", float),
 )
 METRIC_COLUMNS = tuple(column for m in METRICS for column in (m.name, m.se_column))
 SCHEMA: tuple[Column, ...] = _DECLARED + tuple(_added(name, float) for name in METRIC_COLUMNS
@@ -177,6 +177,13 @@ def _upgrade_header(f, n_old: int) -> None:
     writer = csv.writer(f)
     writer.writerow(COLUMNS)
     writer.writerows(cells + [""] * (len(COLUMNS) - n_old) if cells else cells for cells in old[1:])
+
+
+def auxiliary_flops(row: Row) -> float | None:
+    """The FLOPs a run spent outside its training steps (REPA's encoder's pretraining; a charged source's training):
+    `auxiliary_flops`, or for a row from before that column, `encoder_flops`, then the only such cost recorded."""
+    spent = row.get("auxiliary_flops")
+    return row.get("encoder_flops") if spent is None else spent
 
 
 def read_rows(paths: Iterable[str | os.PathLike], on_error: str = "skip") -> list[Row]:

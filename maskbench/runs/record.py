@@ -24,6 +24,7 @@ from maskbench.eval.evaluate import Evaluator, validation_loss
 from maskbench.files import write_folder_digests
 from maskbench.metrics import METRICS
 from maskbench.results.rows import METRIC_COLUMNS, append_rows, as_read, complete_row
+from maskbench.runs.source import source_flops
 from maskbench.train.checkpoint import RunDir, TrainState, device_name, git_sha, precision_name
 from maskbench.train.mfu import device_peak, matmul_precision, mfu
 from maskbench.train.repa import encoder_pretrain_flops
@@ -41,15 +42,17 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
 
     `device` (the GPU model, or the CPU), `precision` and `draw_scheme` say which rows may be paired: the same
     draws give other numbers in another precision or on another kernel library's arithmetic. `encoder_flops` is
-    what REPA's frozen encoder cost to train, apart from the budget as papers report it (empty: not known)."""
+    what REPA's frozen encoder cost to train, apart from the budget as papers report it (empty: not known), and
+    `auxiliary_flops` every such cost known (the encoder's, a charged source's), which a charged reading adds."""
     encoder = encoder_pretrain_flops(cfg, data)
+    encoder = encoder if math.isfinite(encoder) else None  # NaN: unknown
     return complete_row({
         "run_id": run_id(cfg), "arm": cfg.arm.name, "phases": format_arm(cfg.arm), "dataset": data_label(cfg.data),
         "model": cfg.model.name, "params": params, "resolution": data.image_size,
         "batch_size": cfg.train.batch_size, "seed": cfg.seed, "budget_flops": cfg.budget.flops, "point": point,
         "step": state.step, "samples_seen": state.step * cfg.train.batch_size, "train_flops": state.flops,
         "gpu_hours": n_devices * state.train_seconds / 3600, "device": device, "precision": precision,
-        "draw_scheme": draw_scheme, "encoder_flops": encoder if math.isfinite(encoder) else None,  # NaN: unknown
+        "draw_scheme": draw_scheme, "encoder_flops": encoder, "auxiliary_flops": _auxiliary(cfg, encoder),
         "n_devices": n_devices, "mfu": mfu, "data_streams": stream_layout(cfg.train, n_devices)[0],
         "flops_per_s": state.flops / (state.train_seconds * n_devices) if state.train_seconds > 0 else None,
         **{column: result.get(column) for column in METRIC_COLUMNS},  # every metric and its sampling error
@@ -66,6 +69,14 @@ def leaderboard_row(cfg: RunConfig, data: DatasetInfo, state: TrainState, point:
         "maskbench_version": maskbench.__version__, "git_sha": git_sha(), "config_hash": config_hash(cfg),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "source": None,  # a measured row
     })
+
+
+def _auxiliary(cfg: RunConfig, encoder: float | None) -> float | None:
+    """Every FLOP the run spent outside its training steps that is known: its REPA encoder's pretraining, and its
+    source's training when its arm charges it (`arm.charge_source`). None when neither is known."""
+    source = source_flops(cfg) if cfg.arm.charge_source and cfg.init_from else None
+    known = [flops for flops in (encoder, source) if flops is not None]
+    return sum(known) if known else None
 
 
 def record_point(run: RunDir, row: dict, result: dict, leaderboard: str | Path) -> None:

@@ -14,6 +14,7 @@ from maskbench.data.dataset import DatasetInfo
 from maskbench.errors import ConfigError
 from maskbench.models.build import build_model
 from maskbench.models.dit import DiT
+from maskbench.results.rows import auxiliary_flops
 from maskbench.train.checkpoint import RunDir
 from maskbench.train.loop import Start
 from maskbench.train.switch import watches_val_loss
@@ -55,6 +56,17 @@ def load_source(cfg: RunConfig, data: DatasetInfo) -> Start:
         _check_comparable(cfg, source_cfg)
     return Start(lambda model: model.load_state_dict(weights, strict=False),
                  val_losses[-1] if val_losses else None)
+
+
+def source_flops(cfg: RunConfig) -> float | None:
+    """What the source of `init_from` cost up to the point this run starts from: its training FLOPs and its own
+    auxiliary ones (a source that was itself charged for its source carries that too), from its eval record at
+    that point. None: the source has no record there (it never evaluated it)."""
+    path, point = split_source(cfg.init_from)
+    run = RunDir(path)
+    point = run.saved_points()[-1] if point is None and run.saved_points() else point
+    records = [record for record in run.eval_records() if record["point"] == point]
+    return records[-1]["train_flops"] + (auxiliary_flops(records[-1]) or 0.0) if records else None
 
 
 def check_source_weights(model: DiT, weights: dict[str, torch.Tensor], source: str) -> None:

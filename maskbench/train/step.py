@@ -30,6 +30,27 @@ from maskbench.train.steplog import batch_digest, draw_digest
 from maskbench.train.streams import Streams
 
 
+def shared_draws(cfg: RunConfig, stream: int, step: int, shape: torch.Size) -> tuple[torch.Tensor, ...]:
+    """(t, caption dropout, noise) of one stream's micro-batch of `shape` (b×C×H×W) at `step`, on the host: what
+    every arm of this seed draws alike. Made on the CPU from generators keyed by (seed, stream, step, purpose), so
+    any machine recomputes them from the config alone, and a device's logged `draw_digest` can be checked against
+    the CPU's (`expected_draw_digests`)."""
+    def generator(purpose: str) -> torch.Generator:
+        return step_generator(cfg.seed, stream, step, purpose)
+
+    b = shape[0]
+    t = sample_t(b, generator("t"), torch.device("cpu"))                          # b
+    drop = torch.rand(b, generator=generator("dropout")) < cfg.train.caption_dropout  # b bool
+    return t, drop, torch.randn(shape, generator=generator("noise"))             # b, b, b×C×H×W
+
+
+def expected_draw_digests(cfg: RunConfig, n_streams: int, step: int, shape: torch.Size) -> list[str]:
+    """Every stream's `draw_digest` at `step` as the CPU computes it (hex, as `metrics.jsonl` logs them): the
+    integer fingerprint is exact on any device, so a GPU's log equals this where the draws crossed intact."""
+    return [f"{int(draw_digest(*shared_draws(cfg, stream, step, shape), device=torch.device('cpu'))):08x}"
+            for stream in range(n_streams)]
+
+
 def attention_kernels(choice: str) -> contextlib.AbstractContextManager:
     """auto lets SDPA pick flash / memory-efficient kernels; math forces the unfused reference kernel."""
     return sdpa_kernel(SDPBackend.MATH) if choice == "math" else contextlib.nullcontext()
@@ -73,12 +94,10 @@ class Stepper:
             return step_generator(cfg.seed, stream, step, purpose)
 
         x0 = batch["image"].to(device, non_blocking=True)                              # b×C×H×W
-        b = x0.shape[0]
         # t stays on the host: the plan counts each step's demoted samples from this same draw
         # (`downscaled_count`), and the loss splits a demotion step by it without waiting on the device.
-        t = sample_t(b, generator("t"), torch.device("cpu"))                            # b
-        drop = host_to_device(torch.rand(b, generator=generator("dropout")) < cfg.train.caption_dropout, device)  # b
-        noise = host_to_device(torch.randn(x0.shape, generator=generator("noise")), device)  # b×C×H×W
+        t, drop, noise = shared_draws(cfg, stream, step, x0.shape)                     # b, b, b×C×H×W
+        drop, noise = host_to_device(drop, device), host_to_device(noise, device)
         context, context_mask = batch_context(net, batch, device)
         step_context = StepContext(cfg, batch, phase.mask_ratio, phase.demote, net.seq_len, net.grid, device, generator)
         inputs = StepInputs.draw(step_context, repa=self.parts.repa)  # each technique's own draw (`models.inputs`)
